@@ -1,0 +1,1 @@
+"""Adapters at the edge: concrete implementations of the ports in `gateway.ports`."""

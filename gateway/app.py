@@ -1,0 +1,38 @@
+"""create_app(config, deps) -> Starlette: middleware, routes, and a lifespan that owns the resources."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+
+from gateway.config import GatewayConfig
+from gateway.errors import GatewayError
+from gateway.http.errors import handle_gateway_error, handle_http_exception
+from gateway.http.middleware import AuthMiddleware, RequestContextMiddleware
+from gateway.http.routes import routes
+from gateway.wiring import Deps, build_deps
+
+
+def create_app(config: GatewayConfig, deps: Deps | None = None) -> Starlette:
+    """Build the ASGI app. Without `deps`, the lifespan builds them from `config` and closes them."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Deps]]:
+        owned = deps is None
+        resources = build_deps(config) if deps is None else deps
+        try:
+            yield {"deps": resources}
+        finally:
+            if owned:
+                await resources.aclose()
+
+    return Starlette(
+        routes=routes(config.server.max_body_bytes),
+        middleware=[Middleware(RequestContextMiddleware), Middleware(AuthMiddleware)],
+        exception_handlers={GatewayError: handle_gateway_error, HTTPException: handle_http_exception},
+        lifespan=lifespan,
+    )

@@ -1,0 +1,88 @@
+"""`context-gateway` command line: serve the gateway, or play the built-in demo."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from gateway.config import GatewayConfig, load_config, parse_config
+from gateway.errors import ConfigError
+
+DEFAULT_UPSTREAM = "https://api.openai.com/v1"
+
+
+def default_config(env: dict[str, str]) -> GatewayConfig:
+    """No config file: one open tenant passing each client's own key through to OpenAI (or
+    `OPENAI_BASE_URL`), on the embedded storage defaults."""
+    return parse_config(
+        {
+            "tenants": [
+                {
+                    "name": "default",
+                    "api_keys": [],
+                    "upstream": {
+                        "base_url": env.get("OPENAI_BASE_URL", DEFAULT_UPSTREAM),
+                        "pass_through_client_key": True,
+                    },
+                }
+            ]
+        },
+        env,
+    )
+
+
+def resolve_config(path: str | None) -> GatewayConfig:
+    path = path or os.environ.get("GATEWAY_CONFIG")
+    if path:
+        return load_config(path)
+    return default_config(dict(os.environ))
+
+
+@click.group()
+@click.version_option(package_name="context-gateway")
+def main() -> None:
+    """context-gateway: an OpenAI-compatible proxy with bounded prompts and long-term memory."""
+
+
+@main.command()
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), help="YAML config (or $GATEWAY_CONFIG)."
+)
+@click.option("--host", default=None, help="Interface to bind (default: server.host, 127.0.0.1).")
+@click.option("--port", default=None, type=int, help="Port (default: server.port, 8080).")
+def serve(config_path: str | None, host: str | None, port: int | None) -> None:
+    """Run the gateway."""
+    import uvicorn
+
+    from gateway.app import create_app
+
+    try:
+        config = resolve_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    logging.basicConfig(
+        level=config.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not (config_path or os.environ.get("GATEWAY_CONFIG")):
+        click.echo("No --config given: forwarding to OpenAI with each client's own API key.", err=True)
+    uvicorn.run(
+        create_app(config),
+        host=host or config.server.host,
+        port=port or config.server.port,
+        log_level=config.server.log_level,
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+    )
+
+
+@main.command()
+@click.option("--turns", default=4, show_default=True, help="How many scripted user turns to play.")
+def demo(turns: int) -> None:
+    """Play a scripted chat through the gateway against a built-in local stand-in model."""
+    from gateway.demo import run_demo
+
+    sys.exit(run_demo(turns, click.echo))

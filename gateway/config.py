@@ -1,0 +1,192 @@
+"""Typed, frozen configuration: `load_config(path)` reads YAML, interpolates `${ENV}` and validates.
+
+Every key is documented in `config.example.yaml`; a test keeps the two in step. Validation errors name
+the dotted key (`tenants[0].upstream.base_url`) and the problem, and surface as `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.errors import ConfigError
+
+DEFAULT_DATABASE_URL = "sqlite:///./data/gateway.db"
+DEFAULT_DATA_DIR = "./data"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_TIMEOUT_SECONDS = 600.0
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
+
+_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ServerConfig(_Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class StorageConfig(_Frozen):
+    database_url: str = DEFAULT_DATABASE_URL
+    data_dir: str = DEFAULT_DATA_DIR
+
+
+HttpClient = Literal["httpx", "httpx-aiohttp"]
+
+
+class UpstreamConfig(_Frozen):
+    provider: str = "openai"
+    base_url: str | None = None
+    api_key: str | None = None
+    pass_through_client_key: bool = False
+    http_client: HttpClient = "httpx-aiohttp"
+    timeout_seconds: float = Field(default=DEFAULT_TIMEOUT_SECONDS, gt=0)
+    connect_timeout_seconds: float = Field(default=DEFAULT_CONNECT_TIMEOUT_SECONDS, gt=0)
+    request_stream_usage: bool = True
+    models: tuple[str, ...] = ()
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @property
+    def is_openai_compatible(self) -> bool:
+        return self.provider == "openai"
+
+    @model_validator(mode="after")
+    def _needs_base_url(self) -> UpstreamConfig:
+        if self.is_openai_compatible and self.base_url is None:
+            raise ValueError("base_url is required when provider is 'openai' (any OpenAI-compatible API)")
+        # No api_key and no pass-through is allowed: keyless local servers (llama.cpp, vLLM) are common.
+        return self
+
+
+class TenantConfig(_Frozen):
+    name: str = Field(min_length=1)
+    api_keys: tuple[str, ...] = ()
+    upstream: UpstreamConfig
+
+    @model_validator(mode="after")
+    def _keys_or_pass_through(self) -> TenantConfig:
+        if not self.api_keys and not self.upstream.pass_through_client_key:
+            raise ValueError(
+                "api_keys is empty: give at least one gateway key, or set upstream.pass_through_client_key"
+            )
+        return self
+
+    def key_digests(self) -> tuple[str, ...]:
+        """sha256 hex digests of the gateway keys; keys may be given in clear or as `sha256:<hex>`."""
+        return tuple(hash_key(key) for key in self.api_keys)
+
+
+class GatewayConfig(_Frozen):
+    server: ServerConfig = ServerConfig()
+    storage: StorageConfig = StorageConfig()
+    tenants: tuple[TenantConfig, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> GatewayConfig:
+        names = [tenant.name for tenant in self.tenants]
+        dupes = sorted({name for name in names if names.count(name) > 1})
+        if dupes:
+            raise ValueError(f"tenant names must be unique; repeated: {', '.join(dupes)}")
+        seen: dict[str, str] = {}
+        for tenant in self.tenants:
+            for digest in tenant.key_digests():
+                if digest in seen and seen[digest] != tenant.name:
+                    raise ValueError(f"tenants {seen[digest]!r} and {tenant.name!r} share a gateway key")
+                seen[digest] = tenant.name
+        open_tenants = [t.name for t in self.tenants if not t.api_keys]
+        if len(open_tenants) > 1:
+            raise ValueError(
+                "only one tenant may have no api_keys (it receives every unrecognised key); found: "
+                + ", ".join(open_tenants)
+            )
+        return self
+
+
+def hash_key(key: str) -> str:
+    if key.startswith("sha256:"):
+        return key.removeprefix("sha256:").lower()
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def interpolate_env(value: object, env: Mapping[str, str], path: str = "") -> object:
+    """Replace `${NAME}` / `${NAME:-default}` in every string; an unset name without default is an error."""
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise ConfigError(f"{path or '<root>'}: environment variable {name} is not set")
+
+        return _ENV_PATTERN.sub(substitute, value)
+    if isinstance(value, list):
+        return [interpolate_env(item, env, f"{path}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        return {
+            key: interpolate_env(item, env, f"{path}.{key}" if path else str(key))
+            for key, item in value.items()
+        }
+    return value
+
+
+def _format_location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out or "<root>"
+
+
+def parse_config(data: object, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Validate an already-parsed YAML document."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("<root>: the configuration must be a mapping")
+    resolved = interpolate_env(data, os.environ if env is None else env)
+    try:
+        return GatewayConfig.model_validate(resolved)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            # A model-level validator reports its own location; strip pydantic's wording around it.
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"{_format_location(tuple(error['loc']))}: {message}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from exc
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+    return parse_config(data, env)

@@ -1,0 +1,247 @@
+"""A fake OpenAI-compatible provider: a real Starlette app speaking the real wire format.
+
+Scriptable (`enqueue(Reply(...))`), deterministic by default (it answers with a short echo of the last
+user message), and it records every request it received. Used by the tests, the benchmarks and
+`context-gateway demo` as the stand-in upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.ports import JSON, JSONObject
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: str
+    id: str = "call_fake_1"
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One scripted answer. Defaults give a normal, complete answer."""
+
+    content: str | None = "Hello from the fake upstream."
+    tool_calls: tuple[ToolCall, ...] = ()
+    status: int = 200
+    error: JSONObject | None = None
+    delay: float = 0.0
+    chunk_delay: float = 0.0
+    break_after_chunks: int | None = None
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: JSONObject
+    raw: bytes
+
+
+@dataclass(slots=True)
+class FakeUpstream:
+    """State shared between the test thread and the server thread (guarded by a lock)."""
+
+    model: str = "fake-model"
+    received: list[Received] = field(default_factory=list)
+    disconnects: int = 0
+    _script: deque[Reply] = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+    record: bool = True
+
+    def enqueue(self, *replies: Reply) -> None:
+        with self._lock:
+            self._script.extend(replies)
+
+    def next_reply(self, body: JSONObject) -> Reply:
+        with self._lock:
+            if self._script:
+                return self._script.popleft()
+        return Reply(content=default_answer(body))
+
+    def last(self) -> Received:
+        with self._lock:
+            return self.received[-1]
+
+    def chat_requests(self) -> list[Received]:
+        with self._lock:
+            return [r for r in self.received if r.path.endswith("/chat/completions")]
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/embeddings", self._embeddings, methods=["POST"]),
+            ]
+        )
+
+    async def _remember(self, request: Request) -> JSONObject:
+        raw = await request.body()
+        body = orjson.loads(raw) if raw else {}
+        if self.record:
+            with self._lock:
+                self.received.append(Received(request.url.path, dict(request.headers), body, raw))
+        return body if isinstance(body, dict) else {}
+
+    async def _models(self, request: Request) -> Response:
+        await self._remember(request)
+        data = {
+            "object": "list",
+            "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}],
+        }
+        return Response(orjson.dumps(data), media_type="application/json")
+
+    async def _embeddings(self, request: Request) -> Response:
+        body = await self._remember(request)
+        inputs = body.get("input")
+        texts = inputs if isinstance(inputs, list) else [inputs]
+        data = [
+            {"object": "embedding", "index": i, "embedding": [float(len(str(t)) % 7), 0.5, -0.25]}
+            for i, t in enumerate(texts)
+        ]
+        out = {
+            "object": "list",
+            "data": data,
+            "model": body.get("model"),
+            "usage": {"prompt_tokens": 1, "total_tokens": 1},
+        }
+        return Response(orjson.dumps(out), media_type="application/json")
+
+    async def _chat(self, request: Request) -> Response:
+        body = await self._remember(request)
+        reply = self.next_reply(body)
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if reply.status != 200:
+            error = reply.error or {
+                "message": "fake upstream error",
+                "type": "server_error",
+                "param": None,
+                "code": None,
+            }
+            return Response(
+                orjson.dumps({"error": error}), status_code=reply.status, media_type="application/json"
+            )
+        completion_id = f"chatcmpl-fake{next(self._ids)}"
+        created = int(time.time())
+        model = body.get("model") if isinstance(body.get("model"), str) else self.model
+        usage = _usage(body, reply)
+        if body.get("stream") is True:
+            options = body.get("stream_options")
+            with_usage = isinstance(options, dict) and options.get("include_usage") is True
+            frames = _stream_frames(completion_id, created, str(model), reply, usage if with_usage else None)
+            return StreamingResponse(self._paced(frames, reply), media_type="text/event-stream")
+        message: JSONObject = {"role": "assistant", "content": reply.content, "refusal": None}
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in reply.tool_calls
+            ]
+        out = {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(reply)}],
+            "usage": usage,
+            "system_fingerprint": "fp_fake",
+        }
+        return Response(orjson.dumps(out), media_type="application/json")
+
+    async def _paced(self, frames: list[bytes], reply: Reply) -> AsyncIterator[bytes]:
+        try:
+            for number, frame in enumerate(frames):
+                if reply.break_after_chunks is not None and number >= reply.break_after_chunks:
+                    raise ConnectionAbortedError("fake upstream breaks the stream on purpose")
+                if reply.chunk_delay and number:
+                    await asyncio.sleep(reply.chunk_delay)
+                yield frame
+        except (asyncio.CancelledError, GeneratorExit):
+            with self._lock:
+                self.disconnects += 1
+            raise
+
+
+def default_answer(body: JSONObject) -> str:
+    messages = body.get("messages")
+    last: JSON = None
+    if isinstance(messages, list):
+        for message in reversed(messages):
+            if isinstance(message, dict) and message.get("role") == "user":
+                last = message.get("content")
+                break
+    text = last if isinstance(last, str) else "your message"
+    count = len(messages) if isinstance(messages, list) else 0
+    return f"(fake model) I read {count} messages. You said: {text[:200]}"
+
+
+def _finish(reply: Reply) -> str:
+    return reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+
+
+def _usage(body: JSONObject, reply: Reply) -> JSONObject:
+    prompt = len(orjson.dumps(body.get("messages"))) // 4
+    completion = len((reply.content or "").split()) + sum(len(c.arguments) // 4 for c in reply.tool_calls)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _stream_frames(cid: str, created: int, model: str, reply: Reply, usage: JSONObject | None) -> list[bytes]:
+    def chunk(delta: JSONObject, finish: str | None = None) -> bytes:
+        body: JSONObject = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "fp_fake",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if usage is not None:
+            body["usage"] = None
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    frames = [chunk({"role": "assistant", "content": "", "refusal": None})]
+    if reply.content:
+        words = reply.content.split(" ")
+        frames += [chunk({"content": w if i == 0 else " " + w}) for i, w in enumerate(words)]
+    for position, call in enumerate(reply.tool_calls):
+        head = {
+            "index": position,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }
+        frames.append(chunk({"tool_calls": [head]}))
+        for start in range(0, len(call.arguments), 8):
+            piece = call.arguments[start : start + 8]
+            frames.append(chunk({"tool_calls": [{"index": position, "function": {"arguments": piece}}]}))
+    frames.append(chunk({}, _finish(reply)))
+    if usage is not None:
+        tail = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "fp_fake",
+            "choices": [],
+            "usage": usage,
+        }
+        frames.append(b"data: " + orjson.dumps(tail) + b"\n\n")
+    frames.append(b"data: [DONE]\n\n")
+    return frames

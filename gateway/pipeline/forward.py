@@ -1,0 +1,109 @@
+"""Forward step: ask upstream for usage when metering wants it, and relay the answer frame by frame.
+
+`relay_stream` yields the provider's SSE frames unchanged (minus the usage chunk the gateway added on
+its own), tees them into a `ChatAccumulator`, and turns an upstream failure mid-stream into the in-band
+`data: {"error": ...}` frame that OpenAI clients raise on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import orjson
+
+from gateway.errors import UpstreamError
+from gateway.pipeline.call import ChatCall, ChatOutcome, OutcomeStatus
+from gateway.pipeline.stream import ChatAccumulator, FrameSplitter, frame_data, is_usage_only, parse_chunk
+from gateway.ports import ChatPayload, JSONObject, UpstreamResponse
+
+
+def with_stream_usage(call: ChatCall, payload: ChatPayload) -> tuple[ChatPayload, bool]:
+    """Ask for the usage chunk if the client did not; returns whether the gateway must strip it."""
+    if not call.stream or call.client_wants_usage:
+        return payload, False
+    options = payload.data.get("stream_options")
+    merged: JSONObject = {**options} if isinstance(options, dict) else {}
+    merged["include_usage"] = True
+    return ChatPayload({**payload.data, "stream_options": merged}), True
+
+
+def error_frame(message: str, error_type: str, code: str | None) -> bytes:
+    body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+class StreamRelay:
+    """One upstream SSE stream on its way to the client; `outcome()` describes how it went."""
+
+    def __init__(self, response: UpstreamResponse, *, strip_usage: bool) -> None:
+        self._response = response
+        self._strip_usage = strip_usage
+        self.accumulator = ChatAccumulator()
+        self._error: str | None = None
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        splitter = FrameSplitter()
+        accumulator = self.accumulator
+        try:
+            async for chunk in self._response.body:
+                for frame in splitter.feed(chunk):
+                    if self._keep(frame, accumulator):
+                        yield frame
+        except UpstreamError as exc:
+            self._error = exc.message
+            yield error_frame(exc.message, exc.error_type, exc.code)
+            return
+        rest = splitter.rest()
+        if rest.strip():
+            yield rest
+        if not accumulator.saw_done and not accumulator.finished:
+            self._error = "upstream stream ended before the answer was complete"
+            yield error_frame(self._error, "upstream_error", "upstream_stream_truncated")
+
+    def _keep(self, frame: bytes, accumulator: ChatAccumulator) -> bool:
+        data = frame_data(frame)
+        if data is None:
+            return True
+        if data == b"[DONE]":
+            accumulator.saw_done = True
+            return True
+        chunk = parse_chunk(data)
+        if chunk is None:
+            return True
+        if isinstance(chunk.get("error"), dict):
+            self._error = orjson.dumps(chunk["error"]).decode()
+        accumulator.add(chunk)
+        return not (self._strip_usage and is_usage_only(chunk))
+
+    def outcome(self, http_status: int, *, disconnected: bool) -> ChatOutcome:
+        accumulator = self.accumulator
+        complete = accumulator.finished and self._error is None and not disconnected
+        has_any = bool(accumulator.choices())
+        status: OutcomeStatus = "complete" if complete else ("partial" if has_any else "failed")
+        error = self._error or ("client disconnected" if disconnected else None)
+        return ChatOutcome(
+            status=status,
+            http_status=http_status,
+            choices=accumulator.choices(),
+            usage=accumulator.usage,
+            error=error,
+            model=accumulator.model,
+        )
+
+
+def buffered_outcome(http_status: int, body: bytes) -> ChatOutcome:
+    """The outcome of a non-streamed answer (or of an upstream error body)."""
+    parsed = parse_chunk(body)
+    if http_status >= 400 or parsed is None:
+        error = body.decode("utf-8", "replace")[:2000]
+        return ChatOutcome(status="failed", http_status=http_status, error=error)
+    choices = parsed.get("choices")
+    usage = parsed.get("usage")
+    model = parsed.get("model")
+    return ChatOutcome(
+        status="complete",
+        http_status=http_status,
+        choices=[c for c in choices if isinstance(c, dict)] if isinstance(choices, list) else [],
+        usage=usage if isinstance(usage, dict) else None,
+        model=model if isinstance(model, str) else None,
+    )

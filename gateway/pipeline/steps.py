@@ -1,0 +1,59 @@
+"""The seams the context features plug into: steps before forwarding and after the answer.
+
+Before forwarding, `PrepareStep`s may replace the payload (identify, ingest, build the context); after the
+answer, `CompleteStep`s see the outcome (persist, enqueue jobs). Both fail open: a broken step is logged
+and counted, and the client's own request is forwarded unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from gateway.metrics import Counters
+from gateway.pipeline.call import ChatCall, ChatOutcome
+from gateway.ports import ChatPayload
+
+log = logging.getLogger(__name__)
+
+
+class PrepareStep(Protocol):
+    async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload: ...
+
+
+class CompleteStep(Protocol):
+    async def __call__(self, call: ChatCall, outcome: ChatOutcome) -> None: ...
+
+
+class ChatPipeline:
+    def __init__(
+        self,
+        counters: Counters,
+        prepare: Sequence[PrepareStep] = (),
+        complete: Sequence[CompleteStep] = (),
+    ) -> None:
+        self._counters = counters
+        self._prepare = tuple(prepare)
+        self._complete = tuple(complete)
+
+    async def prepare(self, call: ChatCall) -> ChatPayload:
+        original = ChatPayload(call.body, call.raw)
+        payload = original
+        for step in self._prepare:
+            try:
+                payload = await step(call, payload)
+            # Fail open by design (design.md §2): memory failing must never fail the user's request.
+            except Exception:
+                self._counters.fail_open += 1
+                log.exception("prepare step %r failed; forwarding the original request", step)
+                return original
+        return payload
+
+    async def complete(self, call: ChatCall, outcome: ChatOutcome) -> None:
+        for step in self._complete:
+            try:
+                await step(call, outcome)
+            except Exception:
+                self._counters.complete_errors += 1
+                log.exception("complete step %r failed for request %s", step, call.request_id)

@@ -1,0 +1,76 @@
+"""Narrow interfaces between the pipeline and the adapters at the edge (upstreams, later stores/indexes).
+
+The pipeline depends only on these; `wiring.py` picks the implementations. Every port has a shipped
+fake or a real loopback stand-in (`gateway.fakes`) so tests never patch modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeAlias
+
+JSON: TypeAlias = "dict[str, JSON] | list[JSON] | str | int | float | bool | None"
+JSONObject: TypeAlias = "dict[str, JSON]"
+Headers: TypeAlias = "list[tuple[str, str]]"
+
+
+@dataclass(slots=True)
+class ChatPayload:
+    """The chat-completion body to send upstream.
+
+    `raw` is the client's exact bytes when nothing was changed, so the hot path re-serialises nothing.
+    """
+
+    data: JSONObject
+    raw: bytes | None = None
+
+
+@dataclass(slots=True)
+class UpstreamResponse:
+    """An upstream answer whose body has not been read yet.
+
+    Iterating `body` may raise `UpstreamError` (a broken or timed-out stream); `close()` must always be
+    awaited, it releases the connection and cancels an unfinished upstream request.
+    """
+
+    status: int
+    headers: Headers
+    body: AsyncIterator[bytes]
+    close: Callable[[], Awaitable[None]]
+    extra: dict[str, str] = field(default_factory=dict)
+
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.body])
+
+
+class Upstream(Protocol):
+    """A provider the gateway forwards to."""
+
+    name: str
+
+    async def chat_completions(
+        self, payload: ChatPayload, headers: Headers, client_key: str | None
+    ) -> UpstreamResponse:
+        """Send a chat completion; the body is OpenAI's JSON or SSE chunk format, whatever the provider."""
+        ...
+
+    async def forward(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: Headers,
+        body: AsyncIterator[bytes] | bytes,
+        client_key: str | None,
+    ) -> UpstreamResponse:
+        """Pass any other `/v1/*` request through; `path` is relative to `/v1` (e.g. `/embeddings`)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class Tokenizer(Protocol):
+    def count(self, text: str) -> int: ...
+
+    def count_messages(self, messages: Sequence[JSON]) -> int: ...
