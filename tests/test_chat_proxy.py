@@ -22,7 +22,11 @@ TOOLS: list[Any] = [
         "function": {
             "name": "get_weather",
             "description": "Weather for a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
         },
     }
 ]
@@ -48,8 +52,12 @@ def test_non_stream_equals_direct(gateway: Gateway, upstream: Upstream) -> None:
 def test_stream_equals_direct_and_usage_chunk_is_hidden(gateway: Gateway, upstream: Upstream) -> None:
     text = "Lisbon is the capital and largest city of Portugal."
     upstream.fake.enqueue(Reply(text), Reply(text))
-    want = [dump(c) for c in direct(upstream).chat.completions.create(model="m", messages=MESSAGES, stream=True)]
-    got = [dump(c) for c in gateway.client().chat.completions.create(model="m", messages=MESSAGES, stream=True)]
+    want = [
+        dump(c) for c in direct(upstream).chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    ]
+    got = [
+        dump(c) for c in gateway.client().chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    ]
     assert got == want
     assert "".join(c["choices"][0]["delta"]["content"] or "" for c in got if c["choices"]) == text
     assert all(c["usage"] is None for c in got)
@@ -74,13 +82,20 @@ def test_tool_calls_non_stream_and_stream(gateway: Gateway, upstream: Upstream) 
     got = gateway.client().chat.completions.create(**kwargs)
     assert dump(got) == dump(want)
     call = got.choices[0].message.tool_calls[0]  # type: ignore[index]
-    assert (call.id, call.function.name, call.function.arguments) == ("call_abc", "get_weather", WEATHER.arguments)  # type: ignore[union-attr]
+    assert (call.id, call.function.name, call.function.arguments) == (
+        "call_abc",
+        "get_weather",
+        WEATHER.arguments,
+    )  # type: ignore[union-attr]
 
     want_chunks = [dump(c) for c in direct(upstream).chat.completions.create(stream=True, **kwargs)]
     got_chunks = [dump(c) for c in gateway.client().chat.completions.create(stream=True, **kwargs)]
     assert got_chunks == want_chunks
     arguments = "".join(
-        d["function"]["arguments"] for c in got_chunks if c["choices"] for d in c["choices"][0]["delta"]["tool_calls"] or []
+        d["function"]["arguments"]
+        for c in got_chunks
+        if c["choices"]
+        for d in c["choices"][0]["delta"]["tool_calls"] or []
     )
     assert arguments == WEATHER.arguments
     assert got_chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"

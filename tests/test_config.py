@@ -17,7 +17,9 @@ EXAMPLE = ROOT / "config.example.yaml"
 
 
 def minimal(**upstream: Any) -> dict[str, Any]:
-    return {"tenants": [{"name": "t", "api_keys": ["k"], "upstream": {"base_url": "http://x/v1", **upstream}}]}
+    return {
+        "tenants": [{"name": "t", "api_keys": ["k"], "upstream": {"base_url": "http://x/v1", **upstream}}]
+    }
 
 
 def model_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
@@ -58,7 +60,9 @@ def test_every_example_key_has_a_comment_above_it() -> None:
         if not stripped or stripped.startswith("#") or ":" not in stripped or stripped.startswith("${"):
             continue
         previous = lines[number - 1].strip()
-        assert previous.startswith("#"), f"config.example.yaml line {number + 1} ({stripped!r}) has no comment"
+        assert previous.startswith("#"), (
+            f"config.example.yaml line {number + 1} ({stripped!r}) has no comment"
+        )
 
 
 def test_example_loads() -> None:
@@ -88,11 +92,17 @@ def test_env_interpolation_with_default_and_missing() -> None:
     ("data", "message"),
     [
         (minimal(base_url="ftp://x"), r"tenants\[0\]\.upstream\.base_url: must be an http"),
-        (minimal(timeout_seconds=0), r"tenants\[0\]\.upstream\.timeout_seconds: Input should be greater than 0"),
+        (
+            minimal(timeout_seconds=0),
+            r"tenants\[0\]\.upstream\.timeout_seconds: Input should be greater than 0",
+        ),
         (minimal(colour="red"), r"tenants\[0\]\.upstream\.colour: Extra inputs are not permitted"),
         (minimal(http_client="curl"), r"tenants\[0\]\.upstream\.http_client: Input should be 'httpx'"),
         ({"tenants": []}, r"tenants: Tuple should have at least 1 item"),
-        ({"server": {"port": 70000}, **minimal()}, r"server\.port: Input should be less than or equal to 65535"),
+        (
+            {"server": {"port": 70000}, **minimal()},
+            r"server\.port: Input should be less than or equal to 65535",
+        ),
         ({"tenants": [{"name": "t", "api_keys": ["k"], "upstream": {}}]}, r"base_url is required"),
         ({"tenants": [{"name": "t", "upstream": {"base_url": "http://x"}}]}, r"api_keys is empty"),
         ([1, 2], r"<root>: the configuration must be a mapping"),

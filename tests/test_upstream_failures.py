@@ -14,7 +14,12 @@ from gateway.fakes.openai_upstream import Reply
 from tests.conftest import Gateway, Upstream, tenant
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-RATE_LIMIT = {"message": "Rate limit reached", "type": "requests", "param": None, "code": "rate_limit_exceeded"}
+RATE_LIMIT = {
+    "message": "Rate limit reached",
+    "type": "requests",
+    "param": None,
+    "code": "rate_limit_exceeded",
+}
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
