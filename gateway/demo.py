@@ -27,6 +27,7 @@ DEMO_KEY = "demo-key"
 
 def run_demo(turns: int, echo: Callable[[str], None]) -> int:
     from openai import OpenAI
+    from openai.types.chat import ChatCompletionMessageParam
 
     upstream = FakeUpstream(model="stand-in")
     tokenizer = TiktokenTokenizer.for_model("gpt-4o")
@@ -46,7 +47,7 @@ def run_demo(turns: int, echo: Callable[[str], None]) -> int:
         with BackgroundServer(create_app(config)) as gateway:
             client = OpenAI(base_url=f"{gateway.url}/v1", api_key=DEMO_KEY)
             echo(f"gateway on {gateway.url}, stand-in model on {fake.url}\n")
-            messages: list[dict[str, str]] = [
+            messages: list[ChatCompletionMessageParam] = [
                 {"role": "system", "content": "You are a helpful travel assistant."}
             ]
             for number, text in enumerate(SCRIPT[: max(1, turns)], start=1):
@@ -57,7 +58,7 @@ def run_demo(turns: int, echo: Callable[[str], None]) -> int:
                 completion = response.parse()
                 answer = completion.choices[0].message.content or ""
                 forwarded = upstream.last().body.get("messages")
-                sent_tokens = tokenizer.count_messages(list(messages))
+                sent_tokens = tokenizer.count_messages(messages)
                 fwd = forwarded if isinstance(forwarded, list) else []
                 echo(f"turn {number}  user: {text}")
                 echo(f"  client sent    {len(messages):3d} messages, {sent_tokens:5d} tokens")

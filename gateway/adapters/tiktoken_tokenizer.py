@@ -22,7 +22,6 @@ import tiktoken
 from tiktoken.model import encoding_name_for_model
 
 from gateway.errors import ConfigError
-from gateway.ports import JSON
 
 FALLBACK_ENCODING = "o200k_base"
 AVAILABLE = ("o200k_base", "cl100k_base")
@@ -81,7 +80,7 @@ class TiktokenTokenizer:
     def count(self, text: str) -> int:
         return len(self._encoding.encode_ordinary(text))
 
-    def count_message(self, message: JSON) -> int:
+    def count_message(self, message: object) -> int:
         if not isinstance(message, dict):
             return TOKENS_PER_MESSAGE
         total = TOKENS_PER_MESSAGE
@@ -94,10 +93,10 @@ class TiktokenTokenizer:
                 total += self._structured(value)
         return total
 
-    def count_messages(self, messages: Sequence[JSON]) -> int:
+    def count_messages(self, messages: Sequence[object]) -> int:
         return sum(self.count_message(m) for m in messages) + TOKENS_PER_REPLY
 
-    def _content(self, value: JSON) -> int:
+    def _content(self, value: object) -> int:
         if isinstance(value, str):
             return self.count(value)
         if isinstance(value, list):
@@ -112,5 +111,5 @@ class TiktokenTokenizer:
             return total
         return 0
 
-    def _structured(self, value: JSON) -> int:
+    def _structured(self, value: object) -> int:
         return self.count(orjson.dumps(value).decode())

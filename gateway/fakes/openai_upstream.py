@@ -221,7 +221,7 @@ def _stream_frames(cid: str, created: int, model: str, reply: Reply, usage: JSON
         words = reply.content.split(" ")
         frames += [chunk({"content": w if i == 0 else " " + w}) for i, w in enumerate(words)]
     for position, call in enumerate(reply.tool_calls):
-        head = {
+        head: JSONObject = {
             "index": position,
             "id": call.id,
             "type": "function",
@@ -233,7 +233,7 @@ def _stream_frames(cid: str, created: int, model: str, reply: Reply, usage: JSON
             frames.append(chunk({"tool_calls": [{"index": position, "function": {"arguments": piece}}]}))
     frames.append(chunk({}, _finish(reply)))
     if usage is not None:
-        tail = {
+        tail: JSONObject = {
             "id": cid,
             "object": "chat.completion.chunk",
             "created": created,

@@ -13,9 +13,9 @@ from starlette.types import ASGIApp
 class BackgroundServer:
     """`with BackgroundServer(app) as server: server.url` — a real uvicorn server on 127.0.0.1."""
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, **options: object) -> None:
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
         config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", access_log=False, lifespan="on", **options
+            app, host=host, port=port, log_level="warning", access_log=False, lifespan="on"
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="background-server", daemon=True)
