@@ -8,6 +8,7 @@
     │   ├── NotFound                 404: no such route or resource
     │   ├── PayloadTooLarge          413: body over `server.max_body_bytes`
     │   └── NotSupported             501: the tenant's provider cannot serve this endpoint
+    ├── StoreError                   the database failed (the request path fails open around it)
     └── UpstreamError                the provider could not be reached or failed (5xx)
         ├── UpstreamUnreachable      502: connection refused, DNS, TLS, protocol errors
         └── UpstreamTimeout          504: connect or read timed out
@@ -65,6 +66,11 @@ class PayloadTooLarge(ClientError):
 class NotSupported(ClientError):
     status = 501
     code = "not_supported"
+
+
+class StoreError(GatewayError):
+    status = 503
+    code = "store_unavailable"
 
 
 class UpstreamError(GatewayError):

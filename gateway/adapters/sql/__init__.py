@@ -1,0 +1,1 @@
+"""The SQL store: SQLModel tables over SQLite (embedded default) or Postgres (scale-out)."""

@@ -1,0 +1,50 @@
+"""Ordered, named schema migrations, applied once each at start-up and recorded in `schema_migrations`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from sqlalchemy import Connection, text
+from sqlalchemy.engine import Engine
+from sqlmodel import SQLModel
+
+from gateway.adapters.sql.tables import ConversationRow, MessageRow, RequestRow
+
+log = logging.getLogger(__name__)
+
+Migration = tuple[str, Callable[[Connection], None]]
+
+
+def _initial(connection: Connection) -> None:
+    names = (ConversationRow.__tablename__, MessageRow.__tablename__, RequestRow.__tablename__)
+    SQLModel.metadata.create_all(connection, tables=[SQLModel.metadata.tables[str(n)] for n in names])
+
+
+MIGRATIONS: tuple[Migration, ...] = (("0001_conversations_messages_requests", _initial),)
+
+# Serialises migrations between gateway replicas starting together on one Postgres.
+_PG_LOCK_ID = 727_274_001
+
+
+def migrate(engine: Engine) -> list[str]:
+    """Apply pending migrations in order; returns the names applied."""
+    applied_now: list[str] = []
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _PG_LOCK_ID})
+        connection.execute(
+            text(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                "name VARCHAR(200) PRIMARY KEY, applied_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP)"
+            )
+        )
+        done = {row[0] for row in connection.execute(text("SELECT name FROM schema_migrations"))}
+        for name, apply in MIGRATIONS:
+            if name in done:
+                continue
+            apply(connection)
+            connection.execute(text("INSERT INTO schema_migrations (name) VALUES (:name)"), {"name": name})
+            applied_now.append(name)
+            log.info("applied migration %s", name)
+    return applied_now

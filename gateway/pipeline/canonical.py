@@ -1,0 +1,94 @@
+"""Canonical form and chain hashes of chat messages: how a conversation is recognised from its history.
+
+`chain_hash = H(parent.chain_hash, canonical(message))`. The canonical form keeps what a message means
+(role, content, tool calls, name, tool_call_id) and drops what clients change between calls without
+meaning to: key order, JSON whitespace, null or empty fields, and extra fields SDKs add to assistant
+messages they send back (refusal, annotations, audio).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+
+import orjson
+
+from gateway.ports import JSON, JSONObject
+
+HASH_BYTES = 16
+
+
+def _clean(value: JSON) -> JSON:
+    """Drop nulls recursively so `{"name": null}` and a missing name hash alike."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _content(value: JSON) -> JSON:
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
+        # [{"type": "text", "text": "a"}] and "a" mean the same to the model; clients switch between them.
+        return "".join(str(p.get("text", "")) for p in value if isinstance(p, dict))
+    return _clean(value)
+
+
+def _tool_calls(value: JSON) -> JSON:
+    if not isinstance(value, list) or not value:
+        return None
+    calls: list[JSON] = []
+    for call in value:
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        calls.append(
+            {
+                "id": call.get("id"),
+                "type": call.get("type") or "function",
+                "name": function.get("name"),
+                "arguments": function.get("arguments"),
+            }
+        )
+    return calls
+
+
+_PLAIN_KEYS = frozenset({"role", "content"})
+
+
+def canonical(message: JSONObject) -> bytes:
+    """A positional JSON array, cheaper to build and encode than a sorted object (hot path: every
+    message of every request is hashed)."""
+    role = message.get("role")
+    if role == "developer":
+        role = "system"
+    content = message.get("content")
+    if type(content) is str and content and message.keys() <= _PLAIN_KEYS:
+        return orjson.dumps((role, content))
+    name = message.get("name")
+    call_id = message.get("tool_call_id")
+    form: list[JSON] = [
+        role,
+        _content(content),
+        _tool_calls(message.get("tool_calls")),
+        name if isinstance(name, str) and name else None,
+        call_id if isinstance(call_id, str) and call_id else None,
+    ]
+    while form[-1] is None and len(form) > 1:
+        form.pop()  # so the fast path above and this one agree on plain messages
+    return orjson.dumps(form, option=orjson.OPT_SORT_KEYS)
+
+
+def root_hash(*scope: str) -> bytes:
+    """The chain's starting point: a scope (tenant, user or explicit conversation id) keeps chats apart."""
+    return hashlib.sha256("\x1f".join(scope).encode()).digest()[:HASH_BYTES]
+
+
+def chain_hashes(root: bytes, messages: Iterable[JSONObject]) -> Iterator[bytes]:
+    previous = root
+    for message in messages:
+        previous = hashlib.sha256(previous + canonical(message)).digest()[:HASH_BYTES]
+        yield previous

@@ -1,0 +1,89 @@
+"""Plain records that cross the store port: what the pipeline hands the store and gets back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gateway.ports import JSONObject
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to append; `id` is its chain hash (hex), so the same node is never stored twice."""
+
+    id: str
+    parent_id: str | None
+    depth: int
+    role: str
+    data: JSONObject
+    token_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredNode:
+    id: str
+    conversation_id: str
+    parent_id: str | None
+    depth: int
+    role: str
+    token_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    node: StoredNode
+    data: JSONObject
+    created_at: datetime
+    meta: JSONObject = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    id: str
+    tenant: str
+    user_id: str | None
+    external_id: str | None
+    root_id: str | None
+    last_message_id: str | None
+    message_count: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What the store knows of an incoming history: the explicit conversation, if named, and every
+    stored node among the client's chain hashes."""
+
+    conversation: Conversation | None
+    nodes: dict[str, StoredNode]
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    tenant: str
+    conversation_id: str | None  # None: start a new conversation
+    user_id: str | None
+    external_id: str | None
+    messages: tuple[NewMessage, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    id: str
+    tenant: str
+    conversation_id: str | None
+    user_id: str | None
+    parent_message_id: str | None
+    model: str | None
+    stream: bool
+    status: str
+    http_status: int
+    original_tokens: int | None
+    sent_tokens: int | None
+    report: JSONObject | None
+    usage: JSONObject | None
+    error: str | None
+    latency_ms: float
+    created_at: datetime
