@@ -78,10 +78,25 @@ class UpstreamConfig(_Frozen):
         return self
 
 
+class ContextConfig(_Frozen):
+    enabled: bool = True
+    budget_tokens: int = Field(default=16_000, gt=0)
+    recent_tokens: int = Field(default=6_000, gt=0)
+    response_reserve_tokens: int = Field(default=4_000, ge=0)
+    context_window_tokens: int | None = Field(default=None, gt=0)
+
+
+class IdentityConfig(_Frozen):
+    system_in_chain: bool = False
+    thin_mode: bool = True
+
+
 class TenantConfig(_Frozen):
     name: str = Field(min_length=1)
     api_keys: tuple[str, ...] = ()
     upstream: UpstreamConfig
+    context: ContextConfig = ContextConfig()
+    identity: IdentityConfig = IdentityConfig()
 
     @model_validator(mode="after")
     def _keys_or_pass_through(self) -> TenantConfig:

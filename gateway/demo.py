@@ -6,6 +6,7 @@ product work in one command, with no provider key.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 
 from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizer
@@ -31,16 +32,20 @@ def run_demo(turns: int, echo: Callable[[str], None]) -> int:
 
     upstream = FakeUpstream(model="stand-in")
     tokenizer = TiktokenTokenizer.for_model("gpt-4o")
-    with BackgroundServer(upstream.app()) as fake:
+    with (
+        tempfile.TemporaryDirectory(prefix="context-gateway-demo-") as data,
+        BackgroundServer(upstream.app()) as fake,
+    ):
         config = parse_config(
             {
+                "storage": {"database_url": f"sqlite:///{data}/demo.db", "data_dir": data},
                 "tenants": [
                     {
                         "name": "demo",
                         "api_keys": [DEMO_KEY],
                         "upstream": {"base_url": f"{fake.url}/v1"},
                     }
-                ]
+                ],
             },
             {},
         )

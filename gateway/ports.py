@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
+
+if TYPE_CHECKING:
+    from gateway.records import (
+        AppendRequest,
+        Conversation,
+        Lookup,
+        RequestRecord,
+        StoredMessage,
+    )
 
 JSON: TypeAlias = "dict[str, JSON] | list[JSON] | str | int | float | bool | None"
 JSONObject: TypeAlias = "dict[str, JSON]"
@@ -71,6 +80,45 @@ class Upstream(Protocol):
 
 
 class Tokenizer(Protocol):
+    @property
+    def name(self) -> str: ...
+
     def count(self, text: str) -> int: ...
 
+    def count_message(self, message: object) -> int: ...
+
     def count_messages(self, messages: Sequence[object]) -> int: ...
+
+
+class Tokenizers(Protocol):
+    def for_model(self, model: str) -> Tokenizer: ...
+
+
+class ModelCatalog(Protocol):
+    def context_window(self, model: str) -> int | None:
+        """Input tokens the model accepts, or None when unknown."""
+        ...
+
+
+class MessageStore(Protocol):
+    """The source of truth: every raw message as a tree, conversations, and request records."""
+
+    async def lookup(self, tenant: str, hashes: Sequence[str], external_id: str | None) -> Lookup: ...
+
+    async def path(self, tenant: str, node_id: str) -> list[StoredMessage]: ...
+
+    async def append(self, request: AppendRequest) -> str: ...
+
+    async def complete(self, record: RequestRecord, answer: AppendRequest | None) -> None: ...
+
+    async def list_conversations(
+        self, tenant: str, *, limit: int = 50, user_id: str | None = None, offset: int = 0
+    ) -> list[Conversation]: ...
+
+    async def get_conversation(self, tenant: str, conversation_id: str) -> Conversation | None: ...
+
+    async def conversation_messages(self, tenant: str, conversation_id: str) -> list[StoredMessage]: ...
+
+    async def get_request(self, tenant: str, request_id: str) -> RequestRecord | None: ...
+
+    async def aclose(self) -> None: ...

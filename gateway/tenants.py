@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from gateway.config import TenantConfig
 from gateway.errors import AuthenticationFailed
+from gateway.pipeline.steps import ChatPipeline
 from gateway.ports import Upstream
 
 
@@ -16,6 +17,7 @@ class Tenant:
     name: str
     config: TenantConfig
     upstream: Upstream
+    pipeline: ChatPipeline
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The one place that turns configuration into concrete adapters."""
+"""The one place that turns configuration into concrete adapters and per-tenant pipelines."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ from dataclasses import dataclass, field
 
 from gateway.config import GatewayConfig, TenantConfig
 from gateway.metrics import Counters
-from gateway.pipeline.steps import ChatPipeline
-from gateway.ports import Upstream
+from gateway.pipeline.context.builder import ContextBuilder
+from gateway.pipeline.ingest import IngestStep
+from gateway.pipeline.persist import PersistStep
+from gateway.pipeline.steps import ChatPipeline, CompleteStep, PrepareStep
+from gateway.ports import MessageStore, ModelCatalog, Tokenizers, Upstream
 from gateway.tenants import Tenant, TenantRegistry
 
 
@@ -16,11 +19,12 @@ class Deps:
     """Everything a running app needs, built once in the lifespan and passed explicitly."""
 
     tenants: TenantRegistry
-    pipeline: ChatPipeline
+    store: MessageStore
     counters: Counters = field(default_factory=Counters)
 
     async def aclose(self) -> None:
         await self.tenants.aclose()
+        await self.store.aclose()
 
 
 def build_upstream(tenant: TenantConfig) -> Upstream:
@@ -34,7 +38,31 @@ def build_upstream(tenant: TenantConfig) -> Upstream:
     return LiteLLMUpstream(tenant.name, tenant.upstream)
 
 
+def build_pipeline(
+    tenant: TenantConfig,
+    store: MessageStore,
+    tokenizers: Tokenizers,
+    catalog: ModelCatalog,
+    counters: Counters,
+) -> ChatPipeline:
+    prepare: list[PrepareStep] = [IngestStep(store, tokenizers, tenant.identity)]
+    if tenant.context.enabled:
+        prepare.append(ContextBuilder(tenant.context, tokenizers, catalog))
+    complete: list[CompleteStep] = [PersistStep(store, tokenizers)]
+    return ChatPipeline(counters, prepare, complete)
+
+
 def build_deps(config: GatewayConfig) -> Deps:
+    from gateway.adapters.model_catalog import LiteLLMModelCatalog
+    from gateway.adapters.sql.store import SqlStore
+    from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
+
     counters = Counters()
-    tenants = TenantRegistry(Tenant(t.name, t, build_upstream(t)) for t in config.tenants)
-    return Deps(tenants=tenants, pipeline=ChatPipeline(counters), counters=counters)
+    store = SqlStore.open(config.storage.database_url)
+    tokenizers = TiktokenTokenizers()
+    catalog = LiteLLMModelCatalog.load()
+    tenants = TenantRegistry(
+        Tenant(t.name, t, build_upstream(t), build_pipeline(t, store, tokenizers, catalog, counters))
+        for t in config.tenants
+    )
+    return Deps(tenants=tenants, store=store, counters=counters)

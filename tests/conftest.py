@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,10 +61,14 @@ def tenant(name: str, base_url: str, **upstream: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def make_gateway() -> Iterator[Callable[..., Gateway]]:
+def make_gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     started: list[BackgroundServer] = []
 
     def factory(tenants: list[dict[str, Any]], **sections: Any) -> Gateway:
+        sections.setdefault(
+            "storage",
+            {"database_url": f"sqlite:///{tmp_path}/gateway.db", "data_dir": str(tmp_path / "data")},
+        )
         config = parse_config({"tenants": tenants, **sections}, {})
         server = BackgroundServer(create_app(config)).start()
         started.append(server)

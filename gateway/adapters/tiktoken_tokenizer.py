@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,11 +64,16 @@ def encoding_name(model: str) -> str:
     return name if name in AVAILABLE else FALLBACK_ENCODING
 
 
+_CACHE_MIN_CHARS = 512  # long texts recur on every call (system prompts, pasted documents)
+_CACHE_SIZE = 2048
+
+
 class TiktokenTokenizer:
     """Counts tokens of text and of chat messages for one encoding."""
 
     def __init__(self, encoding: tiktoken.Encoding) -> None:
         self._encoding = encoding
+        self._cache: OrderedDict[str, int] = OrderedDict()
 
     @classmethod
     def for_model(cls, model: str) -> TiktokenTokenizer:
@@ -78,7 +84,16 @@ class TiktokenTokenizer:
         return self._encoding.name
 
     def count(self, text: str) -> int:
-        return len(self._encoding.encode_ordinary(text))
+        if len(text) < _CACHE_MIN_CHARS:
+            return len(self._encoding.encode_ordinary(text))
+        cached = self._cache.get(text)
+        if cached is not None:
+            self._cache.move_to_end(text)
+            return cached
+        count = self._cache[text] = len(self._encoding.encode_ordinary(text))
+        if len(self._cache) > _CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return count
 
     def count_message(self, message: object) -> int:
         if not isinstance(message, dict):
@@ -113,3 +128,21 @@ class TiktokenTokenizer:
 
     def _structured(self, value: object) -> int:
         return self.count(orjson.dumps(value).decode())
+
+
+class TiktokenTokenizers:
+    """One tokenizer per encoding, loaded once and shared by every model that uses it."""
+
+    def __init__(self) -> None:
+        self._by_encoding: dict[str, TiktokenTokenizer] = {}
+        self._by_model: dict[str, TiktokenTokenizer] = {}
+
+    def for_model(self, model: str) -> TiktokenTokenizer:
+        tokenizer = self._by_model.get(model)
+        if tokenizer is None:
+            name = encoding_name(model)
+            tokenizer = self._by_encoding.get(name)
+            if tokenizer is None:
+                tokenizer = self._by_encoding[name] = TiktokenTokenizer(load_encoding(name))
+            self._by_model[model] = tokenizer
+        return tokenizer

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -47,6 +48,19 @@ def _overhead_header(request: Request, upstream_seconds: float) -> tuple[bytes, 
     return (b"x-gateway-overhead-ms", f"{overhead * 1000:.3f}".encode())
 
 
+def _context_headers(call: ChatCall) -> list[tuple[bytes, bytes]]:
+    state = call.state
+    headers: list[tuple[bytes, bytes]] = []
+    if state.conversation_id is not None:
+        headers.append((b"x-conversation-id", state.conversation_id.encode()))
+    if state.leaf_id is not None:
+        headers.append((b"x-message-id", state.leaf_id.encode()))
+    if state.original_tokens is not None and state.sent_tokens is not None:
+        headers.append((b"x-context-tokens-original", str(state.original_tokens).encode()))
+        headers.append((b"x-context-tokens-sent", str(state.sent_tokens).encode()))
+    return headers
+
+
 class Endpoints:
     """Endpoint handlers bound to one app's dependencies."""
 
@@ -66,7 +80,8 @@ class Endpoints:
             headers=to_upstream(request.scope["headers"], chat=True),
             started=request.scope["started"],
         )
-        payload = await deps.pipeline.prepare(call)
+        pipeline = caller.tenant.pipeline
+        payload = await pipeline.prepare(call)
         strip_usage = False
         if caller.tenant.config.upstream.request_stream_usage:
             payload, strip_usage = with_stream_usage(call, payload)
@@ -76,20 +91,24 @@ class Endpoints:
             response = await caller.tenant.upstream.chat_completions(payload, call.headers, caller.client_key)
         except UpstreamError as exc:
             deps.counters.upstream_errors += 1
-            await deps.pipeline.complete(call, buffered_outcome(exc.status, exc.message.encode()))
+            await pipeline.complete(call, buffered_outcome(exc.status, exc.message.encode()))
             raise
         waited = time.perf_counter() - sent
         content_type = next((v for k, v in response.headers if k.lower() == "content-type"), "")
 
         if call.stream and response.status == 200 and content_type.startswith("text/event-stream"):
             relay = StreamRelay(response, strip_usage=strip_usage)
-            headers = [*to_client(response.headers, decoded=True), _overhead_header(request, waited)]
+            headers = [
+                *to_client(response.headers, decoded=True),
+                *_context_headers(call),
+                _overhead_header(request, waited),
+            ]
 
             async def on_close(disconnected: bool) -> None:
                 await response.close()
                 if disconnected:
                     deps.counters.client_disconnects += 1
-                await deps.pipeline.complete(call, relay.outcome(response.status, disconnected=disconnected))
+                await pipeline.complete(call, relay.outcome(response.status, disconnected=disconnected))
 
             return RelayResponse(relay.frames(), response.status, headers, on_close)
 
@@ -101,10 +120,15 @@ class Endpoints:
         finally:
             await response.close()
         upstream_seconds = time.perf_counter() - sent
-        headers = [*to_client(response.headers, decoded=True), _overhead_header(request, upstream_seconds)]
-        reply = Response(body, status_code=response.status)
+        headers = [
+            *to_client(response.headers, decoded=True),
+            *_context_headers(call),
+            _overhead_header(request, upstream_seconds),
+        ]
+        # Persisting runs after the last byte is sent: the client never waits for the store.
+        done = BackgroundTask(pipeline.complete, call, buffered_outcome(response.status, body))
+        reply = Response(body, status_code=response.status, background=done)
         reply.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
-        await deps.pipeline.complete(call, buffered_outcome(response.status, body))
         return reply
 
     async def passthrough(self, request: Request) -> RelayResponse:

@@ -11,6 +11,30 @@ OutcomeStatus = Literal["complete", "partial", "failed"]
 
 
 @dataclass(slots=True)
+class HistoryItem:
+    """One message of the history the model should see, with its stored node and token count."""
+
+    message: JSONObject
+    tokens: int
+    node_id: str | None = None
+
+
+@dataclass(slots=True)
+class CallState:
+    """What the pipeline steps learn about a call and hand to each other (identify -> build -> persist)."""
+
+    conversation_id: str | None = None
+    user_id: str | None = None
+    leaf_id: str | None = None  # the newest stored message of the request: the answer's parent
+    leaf_depth: int = -1
+    items: list[HistoryItem] = field(default_factory=list)
+    thin: bool = False
+    report: JSONObject | None = None
+    original_tokens: int | None = None
+    sent_tokens: int | None = None
+
+
+@dataclass(slots=True)
 class ChatCall:
     request_id: str
     tenant: str
@@ -18,6 +42,7 @@ class ChatCall:
     raw: bytes
     headers: Headers
     started: float
+    state: CallState = field(default_factory=CallState)
 
     @property
     def stream(self) -> bool:

@@ -1,0 +1,1 @@
+"""The context builder: independent sections proposing content under one token budget."""

@@ -1,0 +1,134 @@
+"""Build step: assemble system + injected sections + recent window + current question under one budget.
+
+If the whole history fits, the request goes out unchanged (the exact client bytes). Otherwise sections
+propose content within allowances scaled to the budget: the recent window keeps at least its own
+allowance, the other sections get theirs in priority order, and whatever they leave flows to the window.
+Whole exchanges are kept or cut, never text. Every build leaves a ContextReport on the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from gateway.config import ContextConfig
+from gateway.pipeline.call import ChatCall, HistoryItem
+from gateway.pipeline.context.budget import Budget, compute_budget
+from gateway.pipeline.context.exchanges import split_current
+from gateway.pipeline.context.section import BuildInput, Proposal, Section
+from gateway.pipeline.context.window import RecentWindow
+from gateway.ports import ChatPayload, JSONObject, ModelCatalog, Tokenizers
+
+REPLY_PRIMING_TOKENS = 3
+INJECTED_HEADER = "The gateway added the following context from earlier in this conversation and from memory."
+
+
+@dataclass(slots=True)
+class ContextBuilder:
+    config: ContextConfig
+    tokenizers: Tokenizers
+    catalog: ModelCatalog
+    # Injected sections in priority order (summary, retrieved history, memory); the window is built in.
+    sections: Sequence[Section] = ()
+
+    async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
+        state = call.state
+        if not state.items:
+            return payload
+        body = payload.data
+        model = str(body.get("model"))
+        tokenizer = self.tokenizers.for_model(model)
+        budget = compute_budget(body, self.config, self.catalog.context_window(model))
+        tools = body.get("tools")
+        fixed_extra = REPLY_PRIMING_TOKENS + (tokenizer.count(orjson.dumps(tools).decode()) if tools else 0)
+        original = sum(item.tokens for item in state.items) + fixed_extra
+        state.original_tokens = original
+        if original <= budget.input_tokens:
+            state.sent_tokens = original
+            state.report = _report(budget, original, original, unchanged=True, sections={}, cut=[])
+            return payload
+
+        leading = _leading_system(state.items)
+        history, current = split_current(state.items[leading:])
+        build = BuildInput(call, tokenizer, state.items[:leading], history, current)
+        fixed = sum(i.tokens for i in build.system) + sum(i.tokens for i in current) + fixed_extra
+        available = max(budget.input_tokens - fixed, 0)
+
+        window = RecentWindow(self.config.recent_tokens)
+        scale = min(1.0, available / max(window.allowance + sum(s.allowance for s in self.sections), 1))
+        spare = available - int(window.allowance * scale)  # the window always keeps its own share
+        carry = 0
+        injected: list[tuple[str, Proposal]] = []
+        for section in self.sections:
+            allowance = min(int(section.allowance * scale) + carry, spare)
+            proposal = await section.propose(build, allowance)
+            used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
+            if used:
+                injected.append((section.name, proposal))
+            carry, spare, available = allowance - used, spare - used, available - used
+        window_proposal = await window.propose(build, available)
+
+        messages: list[HistoryItem] = list(build.system)
+        if injected:
+            text = "\n\n".join([INJECTED_HEADER, *(p.text or "" for _, p in injected)])
+            block: JSONObject = {
+                "role": "system",
+                "content": f"<gateway_context>\n{text}\n</gateway_context>",
+            }
+            messages.append(HistoryItem(block, tokenizer.count_message(block)))
+        messages += window_proposal.messages
+        messages += current
+        sent = sum(i.tokens for i in messages) + fixed_extra
+        kept = {id(item.message) for item in window_proposal.messages}
+        cut_items = [item for item in history if id(item.message) not in kept]
+        sections: dict[str, JSONObject] = {
+            "system": {"tokens": sum(i.tokens for i in build.system), "messages": len(build.system)},
+            **{name: {"tokens": p.tokens, **p.detail} for name, p in injected},
+            "window": {"tokens": window_proposal.tokens, **window_proposal.detail},
+            "current": {
+                "tokens": sum(i.tokens for i in current),
+                "message_ids": [i.node_id for i in current if i.node_id is not None],
+            },
+        }
+        state.sent_tokens = sent
+        state.report = _report(budget, original, sent, unchanged=False, sections=sections, cut=cut_items)
+        return ChatPayload({**body, "messages": [item.message for item in messages]})
+
+
+def _leading_system(items: list[HistoryItem]) -> int:
+    count = 0
+    for item in items:
+        if item.message.get("role") not in ("system", "developer"):
+            break
+        count += 1
+    return count
+
+
+def _report(
+    budget: Budget,
+    original: int,
+    sent: int,
+    *,
+    unchanged: bool,
+    sections: dict[str, JSONObject],
+    cut: list[HistoryItem],
+) -> JSONObject:
+    return {
+        "unchanged": unchanged,
+        "budget_tokens": budget.input_tokens,
+        "context_window": budget.context_window,
+        "reserve_tokens": budget.reserve_tokens,
+        "original_tokens": original,
+        "sent_tokens": sent,
+        "over_budget": sent > budget.input_tokens,
+        "sections": sections,  # type: ignore[dict-item]
+        # The cut messages form one stretch of the path (oldest first): kept as a range, not a list.
+        "cut": {
+            "messages": len(cut),
+            "tokens": sum(i.tokens for i in cut),
+            "from_id": next((i.node_id for i in cut if i.node_id is not None), None),
+            "to_id": next((i.node_id for i in reversed(cut) if i.node_id is not None), None),
+        },
+    }

@@ -1,0 +1,39 @@
+"""What a context section is: a provider that proposes content within an allowance.
+
+Sections that inject text (summary, retrieved history, memory) return `text`; the builder puts all of it
+in one delimited system message. The recent window returns raw messages. Each proposal carries the
+details the ContextReport keeps (ids, scores, what was cut).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.pipeline.call import ChatCall, HistoryItem
+from gateway.ports import JSONObject, Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class BuildInput:
+    call: ChatCall
+    tokenizer: Tokenizer
+    system: list[HistoryItem]
+    history: list[HistoryItem]
+    current: list[HistoryItem]
+
+
+@dataclass(slots=True)
+class Proposal:
+    tokens: int = 0
+    messages: list[HistoryItem] = field(default_factory=list)
+    text: str | None = None
+    detail: JSONObject = field(default_factory=dict)
+
+
+class Section(Protocol):
+    name: str
+    # Default allowance under a large budget; scaled down when the budget is smaller.
+    allowance: int
+
+    async def propose(self, build: BuildInput, allowance: int) -> Proposal: ...

@@ -1,0 +1,31 @@
+"""Recent-window section: the newest whole exchanges that fit, verbatim and contiguous."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.pipeline.context.exchanges import group_exchanges
+from gateway.pipeline.context.section import BuildInput, Proposal
+
+
+@dataclass(slots=True)
+class RecentWindow:
+    allowance: int
+    name: str = "window"
+
+    async def propose(self, build: BuildInput, allowance: int) -> Proposal:
+        kept = 0
+        proposal = Proposal()
+        exchanges = group_exchanges(build.history)
+        for exchange in reversed(exchanges):
+            cost = sum(item.tokens for item in exchange)
+            if proposal.tokens + cost > allowance:
+                break  # contiguous: an older exchange never jumps over a newer one that did not fit
+            proposal.tokens += cost
+            kept += 1
+            proposal.messages[:0] = exchange
+        proposal.detail = {
+            "exchanges": kept,
+            "message_ids": [item.node_id for item in proposal.messages if item.node_id is not None],
+        }
+        return proposal

@@ -1,0 +1,48 @@
+"""Identify step, explicit part: conversation, user and branch point named by headers or the body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.ports import Headers, JSONObject
+
+CONVERSATION_HEADERS = ("x-conversation-id", "x-openwebui-chat-id")
+USER_HEADERS = ("x-user-id", "x-openwebui-user-id")
+PARENT_HEADER = "x-parent-message-id"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    conversation_id: str | None = None
+    user_id: str | None = None
+    parent_id: str | None = None
+
+
+def _first(headers: dict[str, str], names: tuple[str, ...]) -> str | None:
+    for name in names:
+        value = headers.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def _body_string(body: JSONObject, *path: str) -> str | None:
+    value: object = body
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value.strip() or None if isinstance(value, str) else None
+
+
+def explicit_identity(headers: Headers, body: JSONObject) -> Identity:
+    by_name = {name.lower(): value for name, value in headers}
+    return Identity(
+        conversation_id=_first(by_name, CONVERSATION_HEADERS)
+        or _body_string(body, "metadata", "conversation_id"),
+        user_id=_first(by_name, USER_HEADERS)
+        or _body_string(body, "user")
+        or _body_string(body, "safety_identifier"),
+        parent_id=by_name.get(PARENT_HEADER, "").strip()
+        or _body_string(body, "metadata", "parent_message_id"),
+    )

@@ -1,0 +1,76 @@
+"""Persist step: store the answer as a child of the request's newest message, and the request record.
+
+Runs after the last byte (or the disconnect, or the failure), so every request leaves a record with its
+status: complete, partial or failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gateway.pipeline.call import ChatCall, ChatOutcome
+from gateway.pipeline.canonical import chain_hashes
+from gateway.ports import JSONObject, MessageStore, Tokenizers
+from gateway.records import AppendRequest, NewMessage, RequestRecord
+
+
+@dataclass(slots=True)
+class PersistStep:
+    store: MessageStore
+    tokenizers: Tokenizers
+
+    async def __call__(self, call: ChatCall, outcome: ChatOutcome) -> None:
+        state = call.state
+        model = call.body.get("model")
+        answer = None
+        message = _answer_message(outcome)
+        if message is not None and state.leaf_id is not None and state.conversation_id is not None:
+            tokenizer = self.tokenizers.for_model(str(model))
+            node_id = next(chain_hashes(bytes.fromhex(state.leaf_id), [message])).hex()
+            new = NewMessage(
+                id=node_id,
+                parent_id=state.leaf_id,
+                depth=state.leaf_depth + 1,
+                role="assistant",
+                data=message,
+                token_count=tokenizer.count_message(message),
+            )
+            answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (new,))
+        record = RequestRecord(
+            id=call.request_id,
+            tenant=call.tenant,
+            conversation_id=state.conversation_id,
+            user_id=state.user_id,
+            parent_message_id=state.leaf_id,
+            model=model if isinstance(model, str) else None,
+            stream=call.stream,
+            status=outcome.status,
+            http_status=outcome.http_status,
+            original_tokens=state.original_tokens,
+            sent_tokens=state.sent_tokens,
+            report=state.report,
+            usage=outcome.usage,
+            error=outcome.error,
+            latency_ms=(time.perf_counter() - call.started) * 1000,
+            created_at=datetime.now(UTC),
+        )
+        await self.store.complete(record, answer)
+
+
+def _answer_message(outcome: ChatOutcome) -> JSONObject | None:
+    """The first choice's message, as a client would send it back (other choices stay in the record)."""
+    if not outcome.choices:
+        return None
+    message = outcome.choices[0].get("message")
+    if not isinstance(message, dict):
+        return None
+    content = message.get("content")
+    calls = message.get("tool_calls")
+    if not content and not calls:
+        return None
+    out: JSONObject = {"role": "assistant", "content": content}
+    if calls:
+        out["tool_calls"] = calls
+    return out
