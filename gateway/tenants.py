@@ -26,6 +26,8 @@ class Caller:
 
     tenant: Tenant
     client_key: str | None
+    # False for the keyless tenant that takes any unrecognised key: such callers may chat, not read the API.
+    authenticated: bool = True
 
 
 class TenantRegistry:
@@ -53,7 +55,7 @@ class TenantRegistry:
             if tenant is not None:
                 return Caller(tenant, None)
         if self._open is not None:
-            return Caller(self._open, bearer)
+            return Caller(self._open, bearer, authenticated=False)
         if not bearer:
             raise AuthenticationFailed(
                 "You didn't provide an API key. Send your gateway key as 'Authorization: Bearer KEY'."

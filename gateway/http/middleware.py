@@ -36,13 +36,13 @@ class RequestContextMiddleware:
 
 
 class AuthMiddleware:
-    """Resolves the caller of every /v1 request from `Authorization: Bearer` (or `X-Gateway-Key`)."""
+    """Resolves the caller of every /v1 and /api request from `Authorization: Bearer` (or `X-Gateway-Key`)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+        if scope["type"] != "http" or not scope["path"].startswith(("/v1/", "/api/")):
             await self.app(scope, receive, send)
             return
         bearer: str | None = None
@@ -56,7 +56,12 @@ class AuthMiddleware:
                 gateway_key = value.decode("latin-1").strip()
         try:
             registry: TenantRegistry = scope["state"]["deps"].tenants
-            scope["caller"] = registry.resolve(bearer, gateway_key)
+            caller = registry.resolve(bearer, gateway_key)
+            if not caller.authenticated and scope["path"].startswith("/api/"):
+                raise AuthenticationFailed(
+                    "The gateway's REST API needs a gateway key (Authorization or X-Gateway-Key)."
+                )
+            scope["caller"] = caller
         except AuthenticationFailed as exc:
             body = error_body(exc.message, exc.error_type, None, exc.code)
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

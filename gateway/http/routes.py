@@ -14,6 +14,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import PayloadTooLarge, UpstreamError
+from gateway.http.api import api_routes
 from gateway.http.headers import to_client, to_upstream
 from gateway.http.streaming import RelayResponse
 from gateway.pipeline.call import ChatCall
@@ -185,6 +186,7 @@ class _Asgi:
 def routes(max_body_bytes: int) -> list[Route]:
     endpoints = Endpoints(max_body_bytes)
     return [
+        *api_routes(),
         Route("/v1/chat/completions", _Asgi(endpoints.chat_completions), methods=["POST"]),
         Route("/v1/{path:path}", _Asgi(endpoints.passthrough), methods=_ALL_METHODS),
         Route("/healthz", endpoints.healthz, methods=["GET"]),

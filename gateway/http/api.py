@@ -1,0 +1,111 @@
+"""Read-only REST API over what the gateway stored, scoped to the caller's tenant.
+
+GET /api/conversations                      newest first; ?limit=&offset=&user_id=
+GET /api/conversations/{id}                 one conversation
+GET /api/conversations/{id}/messages        the whole tree: every node with its parent and depth
+GET /api/conversations/{id}/path/{node_id}  root-to-node path: the history one branch sees
+GET /api/requests/{id}                      one request: status, usage, ContextReport
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.errors import InvalidRequest, NotFound
+from gateway.records import StoredMessage
+from gateway.tenants import Caller
+from gateway.wiring import Deps
+
+MAX_LIMIT = 500
+
+
+def _json(data: object) -> Response:
+    def default(value: object) -> object:
+        if isinstance(value, datetime):
+            return value.isoformat()
+        raise TypeError(type(value).__name__)
+
+    return Response(orjson.dumps(data, default=default), media_type="application/json")
+
+
+def _int_param(request: Request, name: str, default: int, upper: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or int(raw) > upper:
+        raise InvalidRequest(f"'{name}' must be a whole number from 0 to {upper}.", param=name)
+    return int(raw)
+
+
+def _message(message: StoredMessage) -> dict[str, object]:
+    return {
+        **asdict(message.node),
+        "message": message.data,
+        "created_at": message.created_at,
+        "meta": message.meta,
+    }
+
+
+async def list_conversations(request: Request) -> Response:
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    items = await deps.store.list_conversations(
+        caller.tenant.name,
+        limit=_int_param(request, "limit", 50, MAX_LIMIT),
+        offset=_int_param(request, "offset", 0, 10**9),
+        user_id=request.query_params.get("user_id"),
+    )
+    return _json({"object": "list", "data": [asdict(c) for c in items]})
+
+
+async def get_conversation(request: Request) -> Response:
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    conversation = await deps.store.get_conversation(caller.tenant.name, request.path_params["id"])
+    if conversation is None:
+        raise NotFound(f"No conversation {request.path_params['id']!r} for this key.")
+    return _json(asdict(conversation))
+
+
+async def conversation_messages(request: Request) -> Response:
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    conversation_id = request.path_params["id"]
+    if await deps.store.get_conversation(caller.tenant.name, conversation_id) is None:
+        raise NotFound(f"No conversation {conversation_id!r} for this key.")
+    messages = await deps.store.conversation_messages(caller.tenant.name, conversation_id)
+    return _json({"object": "list", "data": [_message(m) for m in messages]})
+
+
+async def conversation_path(request: Request) -> Response:
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    path = await deps.store.path(caller.tenant.name, request.path_params["node_id"])
+    if not path or path[-1].node.conversation_id != request.path_params["id"]:
+        raise NotFound(f"No message {request.path_params['node_id']!r} in this conversation for this key.")
+    return _json({"object": "list", "data": [_message(m) for m in path]})
+
+
+async def get_request(request: Request) -> Response:
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    record = await deps.store.get_request(caller.tenant.name, request.path_params["id"])
+    if record is None:
+        raise NotFound(f"No request {request.path_params['id']!r} for this key.")
+    return _json(asdict(record))
+
+
+def api_routes() -> list[Route]:
+    return [
+        Route("/api/conversations", list_conversations, methods=["GET"]),
+        Route("/api/conversations/{id}", get_conversation, methods=["GET"]),
+        Route("/api/conversations/{id}/messages", conversation_messages, methods=["GET"]),
+        Route("/api/conversations/{id}/path/{node_id}", conversation_path, methods=["GET"]),
+        Route("/api/requests/{id}", get_request, methods=["GET"]),
+    ]
