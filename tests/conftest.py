@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import uuid
+
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
@@ -82,3 +86,39 @@ def make_gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
 @pytest.fixture
 def gateway(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> Gateway:
     return make_gateway([tenant("acme", upstream.base_url)])
+
+
+POSTGRES_URL = os.environ.get(
+    "GATEWAY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+
+def postgres_available() -> bool:
+    try:
+        with psycopg.connect(POSTGRES_URL.replace("+psycopg", ""), connect_timeout=3):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database: a SQLite file, or a schema of its own on this machine's Postgres.
+
+    Postgres tests skip only outside CI when no server is reachable; in CI they must run."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/store.db"
+        return
+    if not postgres_available():
+        if os.environ.get("CI"):
+            pytest.fail(f"Postgres is not reachable at {POSTGRES_URL} (CI must run the Postgres tests)")
+        pytest.skip(f"Postgres is not reachable at {POSTGRES_URL}")
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = POSTGRES_URL.replace("+psycopg", "")
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as connection:
+            connection.execute(f'DROP SCHEMA "{schema}" CASCADE')

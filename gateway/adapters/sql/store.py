@@ -215,10 +215,8 @@ class SqlStore:
             for m in request.messages
         ]
         # Two requests racing with the same new message store it once: the id is the chain hash.
-        result = session.execute(
-            self._insert(MessageRow).values(rows).on_conflict_do_nothing(index_elements=["id"])
-        )
-        inserted = max(result.rowcount or 0, 0)  # type: ignore[attr-defined]
+        statement = self._insert(MessageRow).values(rows).on_conflict_do_nothing(index_elements=["id"])
+        inserted = len(session.execute(statement.returning(col(MessageRow.id))).all())
         values: dict[str, object] = {"last_message_id": request.messages[-1].id, "updated_at": now}
         if inserted:
             values["message_count"] = ConversationRow.message_count + inserted
