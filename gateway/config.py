@@ -187,7 +187,12 @@ def parse_config(data: object, env: Mapping[str, str] | None = None) -> GatewayC
         return GatewayConfig.model_validate(resolved)
     except ValidationError as exc:
         problems = []
-        for error in exc.errors():
+        errors = exc.errors()
+        nested = {str(e["loc"][0]) for e in errors if len(e["loc"]) > 1}
+        for error in errors:
+            if len(error["loc"]) == 1 and error["type"] == "too_short" and str(error["loc"][0]) in nested:
+                continue  # pydantic repeats a failed item as "too short"; the item's own error says more
+
             # A model-level validator reports its own location; strip pydantic's wording around it.
             message = str(error["msg"]).removeprefix("Value error, ")
             problems.append(f"{_format_location(tuple(error['loc']))}: {message}")

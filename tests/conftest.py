@@ -56,12 +56,11 @@ def upstream() -> Iterator[Upstream]:
 
 
 def tenant(name: str, base_url: str, **upstream: Any) -> dict[str, Any]:
+    """A tenant config; `api_keys`, `context` and `identity` go to the tenant, the rest to its upstream."""
+    extra = {key: upstream.pop(key) for key in ("context", "identity") if key in upstream}
     keys = upstream.pop("api_keys", [f"sk-gw-{name}"])
-    return {
-        "name": name,
-        "api_keys": keys,
-        "upstream": {"base_url": base_url, "api_key": "sk-upstream", **upstream},
-    }
+    upstream = {"base_url": base_url, "api_key": "sk-upstream", **upstream}
+    return {"name": name, "api_keys": keys, "upstream": upstream, **extra}
 
 
 @pytest.fixture

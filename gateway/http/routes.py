@@ -17,7 +17,7 @@ from gateway.errors import PayloadTooLarge, UpstreamError
 from gateway.http.api import api_routes
 from gateway.http.headers import to_client, to_upstream
 from gateway.http.streaming import RelayResponse
-from gateway.pipeline.call import ChatCall
+from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.forward import StreamRelay, buffered_outcome, with_stream_usage
 from gateway.pipeline.validate import parse_chat_request
 from gateway.tenants import Caller
@@ -97,8 +97,17 @@ class Endpoints:
         waited = time.perf_counter() - sent
         content_type = next((v for k, v in response.headers if k.lower() == "content-type"), "")
 
+        persisted = False
+
+        async def persist(outcome: ChatOutcome) -> None:
+            nonlocal persisted
+            if not persisted:
+                persisted = True
+                await pipeline.complete(call, outcome)
+
         if call.stream and response.status == 200 and content_type.startswith("text/event-stream"):
-            relay = StreamRelay(response, strip_usage=strip_usage)
+            before_done = persist if call.state.explicit else None
+            relay = StreamRelay(response, strip_usage=strip_usage, before_done=before_done)
             headers = [
                 *to_client(response.headers, decoded=True),
                 *_context_headers(call),
@@ -107,9 +116,10 @@ class Endpoints:
 
             async def on_close(disconnected: bool) -> None:
                 await response.close()
-                if disconnected:
+                outcome = relay.outcome(response.status, disconnected=disconnected)
+                if outcome.client_disconnected:
                     deps.counters.client_disconnects += 1
-                await pipeline.complete(call, relay.outcome(response.status, disconnected=disconnected))
+                await persist(outcome)
 
             return RelayResponse(relay.frames(), response.status, headers, on_close)
 
@@ -126,8 +136,12 @@ class Endpoints:
             *_context_headers(call),
             _overhead_header(request, upstream_seconds),
         ]
-        # Persisting runs after the last byte is sent: the client never waits for the store.
-        done = BackgroundTask(pipeline.complete, call, buffered_outcome(response.status, body))
+        outcome = buffered_outcome(response.status, body)
+        done = None
+        if call.state.explicit:
+            await persist(outcome)  # a thin-mode client's next request must find this answer stored
+        else:
+            done = BackgroundTask(persist, outcome)  # after the last byte: the client never waits for it
         reply = Response(body, status_code=response.status, background=done)
         reply.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
         return reply

@@ -28,6 +28,9 @@ class CallState:
     leaf_id: str | None = None  # the newest stored message of the request: the answer's parent
     leaf_depth: int = -1
     items: list[HistoryItem] = field(default_factory=list)
+    # The client named the conversation: it may rely on the store for history (thin mode), so the answer
+    # is stored before the response completes rather than after.
+    explicit: bool = False
     thin: bool = False
     report: JSONObject | None = None
     original_tokens: int | None = None
@@ -64,3 +67,4 @@ class ChatOutcome:
     usage: JSONObject | None = None
     error: str | None = None
     model: str | None = None
+    client_disconnected: bool = False  # the client left before the answer was complete

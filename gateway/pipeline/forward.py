@@ -7,7 +7,7 @@ its own), tees them into a `ChatAccumulator`, and turns an upstream failure mid-
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 
@@ -33,11 +33,22 @@ def error_frame(message: str, error_type: str, code: str | None) -> bytes:
 
 
 class StreamRelay:
-    """One upstream SSE stream on its way to the client; `outcome()` describes how it went."""
+    """One upstream SSE stream on its way to the client; `outcome()` describes how it went.
 
-    def __init__(self, response: UpstreamResponse, *, strip_usage: bool) -> None:
+    `before_done` runs before the `[DONE]` frame is released: a client that sends its next request as
+    soon as it sees `[DONE]` then finds this answer already stored (thin mode relies on it).
+    """
+
+    def __init__(
+        self,
+        response: UpstreamResponse,
+        *,
+        strip_usage: bool,
+        before_done: Callable[[ChatOutcome], Awaitable[None]] | None = None,
+    ) -> None:
         self._response = response
         self._strip_usage = strip_usage
+        self._before_done = before_done
         self.accumulator = ChatAccumulator()
         self._error: str | None = None
 
@@ -47,8 +58,12 @@ class StreamRelay:
         try:
             async for chunk in self._response.body:
                 for frame in splitter.feed(chunk):
-                    if self._keep(frame, accumulator):
-                        yield frame
+                    if not self._keep(frame, accumulator):
+                        continue
+                    if accumulator.saw_done and self._before_done is not None:
+                        hook, self._before_done = self._before_done, None
+                        await hook(self.outcome(200, disconnected=False))
+                    yield frame
         except UpstreamError as exc:
             self._error = exc.message
             yield error_frame(exc.message, exc.error_type, exc.code)
@@ -77,6 +92,8 @@ class StreamRelay:
 
     def outcome(self, http_status: int, *, disconnected: bool) -> ChatOutcome:
         accumulator = self.accumulator
+        # A client that hangs up right after `[DONE]` (OpenAI's SDK does) had the whole answer.
+        disconnected = disconnected and not accumulator.saw_done
         complete = accumulator.finished and self._error is None and not disconnected
         has_any = bool(accumulator.choices())
         status: OutcomeStatus = "complete" if complete else ("partial" if has_any else "failed")
@@ -88,6 +105,7 @@ class StreamRelay:
             usage=accumulator.usage,
             error=error,
             model=accumulator.model,
+            client_disconnected=disconnected,
         )
 
 

@@ -51,6 +51,7 @@ class IngestStep:
         ident = explicit_identity(call.headers, body)
         state = call.state
         state.user_id = ident.user_id
+        state.explicit = ident.conversation_id is not None
 
         leading = 0 if self.identity.system_in_chain else split_leading_system(messages)
         system, chain = messages[:leading], messages[leading:]
