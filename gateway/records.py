@@ -18,6 +18,7 @@ class NewMessage:
     role: str
     data: JSONObject
     token_count: int
+    path_tokens: int  # tokens of the whole path root..this message: a history's size without reading it
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,7 @@ class StoredNode:
     depth: int
     role: str
     token_count: int
+    path_tokens: int
 
 
 @dataclass(frozen=True, slots=True)

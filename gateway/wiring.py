@@ -45,7 +45,8 @@ def build_pipeline(
     catalog: ModelCatalog,
     counters: Counters,
 ) -> ChatPipeline:
-    prepare: list[PrepareStep] = [IngestStep(store, tokenizers, tenant.identity)]
+    coverage = tenant.context.budget_tokens if tenant.context.enabled else 0
+    prepare: list[PrepareStep] = [IngestStep(store, tokenizers, tenant.identity, coverage)]
     if tenant.context.enabled:
         prepare.append(ContextBuilder(tenant.context, tokenizers, catalog))
     complete: list[CompleteStep] = [PersistStep(store, tokenizers)]

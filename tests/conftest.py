@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import uuid
-
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path

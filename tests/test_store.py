@@ -39,9 +39,15 @@ def chain(
     *messages: dict[str, Any], parent: str | None = None, depth: int = 0, prefix: str = "n"
 ) -> list[NewMessage]:
     out = []
+    path_tokens = 0
     for offset, message in enumerate(messages):
         node_id = f"{prefix}{depth + offset:031d}"[:32]
-        out.append(NewMessage(node_id, parent, depth + offset, str(message["role"]), message, 10 + offset))
+        path_tokens += 10 + offset
+        out.append(
+            NewMessage(
+                node_id, parent, depth + offset, str(message["role"]), message, 10 + offset, path_tokens
+            )
+        )
         parent = node_id
     return out
 
@@ -63,6 +69,7 @@ def test_append_lookup_path_and_lossless_content(store: SqlStore) -> None:
         assert set(lookup.nodes) == {m.id for m in messages}
         assert lookup.nodes[messages[2].id].depth == 2
         assert lookup.nodes[messages[2].id].token_count == 12
+        assert lookup.nodes[messages[2].id].path_tokens == 10 + 11 + 12
         assert lookup.nodes[messages[1].id].conversation_id == conversation_id
 
         path = await store.path("acme", messages[2].id)

@@ -97,12 +97,17 @@ class FakeAnthropic:
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.status != 200:
-            return _json(_error(reply.error_type, reply.error_message), reply.status)
+            response = _json(_error(reply.error_type, reply.error_message), reply.status)
+            if reply.status in (429, 529):
+                response.headers["retry-after"] = "7"  # Anthropic says when to come back
+            return response
         message_id = f"msg_fake{next(self._ids)}"
         model = body.get("model") if isinstance(body.get("model"), str) else self.model
         message = _message(message_id, str(model), reply, body)
         if body.get("stream") is True:
-            return StreamingResponse(self._paced(_events(message, reply), reply), media_type="text/event-stream")
+            return StreamingResponse(
+                self._paced(_events(message, reply), reply), media_type="text/event-stream"
+            )
         return _json(message, 200)
 
     async def _paced(self, events: list[bytes], reply: Reply) -> AsyncIterator[bytes]:
@@ -139,18 +144,18 @@ def _text_of(content: JSON) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(
-            block["text"]
-            for block in content
-            if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
-        )
+        texts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        return " ".join(text for text in texts if isinstance(text, str))
     return ""
 
 
 def _json(data: JSONObject, status: int) -> Response:
     # Anthropic puts a request id on every answer, errors included.
     return Response(
-        orjson.dumps(data), status_code=status, media_type="application/json", headers={"request-id": "req_fake"}
+        orjson.dumps(data),
+        status_code=status,
+        media_type="application/json",
+        headers={"request-id": "req_fake"},
     )
 
 
@@ -220,14 +225,19 @@ def _events(message: JSONObject, reply: Reply) -> list[bytes]:
             events.append(_block_delta(index, {"type": "input_json_delta", "partial_json": piece}))
         events.append(_block_stop(index))
         index += 1
-    delta = {"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None}}
+    delta: JSONObject = {
+        "type": "message_delta",
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+    }
     events.append(_sse("message_delta", {**delta, "usage": {"output_tokens": usage["output_tokens"]}}))
     events.append(_sse("message_stop", {"type": "message_stop"}))
     return events
 
 
 def _block_start(index: int, block: JSONObject) -> bytes:
-    return _sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+    return _sse(
+        "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+    )
 
 
 def _block_delta(index: int, delta: JSONObject) -> bytes:

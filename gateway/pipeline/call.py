@@ -15,7 +15,7 @@ class HistoryItem:
     """One message of the history the model should see, with its stored node and token count."""
 
     message: JSONObject
-    tokens: int
+    tokens: int | None  # None: an old stored message whose count was not read (beyond the budget)
     node_id: str | None = None
 
 
@@ -27,7 +27,9 @@ class CallState:
     user_id: str | None = None
     leaf_id: str | None = None  # the newest stored message of the request: the answer's parent
     leaf_depth: int = -1
+    leaf_path_tokens: int = 0
     items: list[HistoryItem] = field(default_factory=list)
+    history_tokens: int = 0  # tokens of all items, known even where single counts were not read
     # The client named the conversation: it may rely on the store for history (thin mode), so the answer
     # is stored before the response completes rather than after.
     explicit: bool = False

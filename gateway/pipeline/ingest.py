@@ -1,9 +1,12 @@
 """Identify + ingest step: recognise the conversation from its history and store new messages first.
 
-The client's messages are chain-hashed; one store lookup finds the deepest stored node, and everything
-after it is appended as its children (an edit or a regeneration therefore becomes a sibling branch).
-Thin mode: a client naming a stored conversation and sending only new messages gets the rest of the
-path from the store.
+The client's messages are chain-hashed; the store is asked about the newest hashes first (a chat app
+resends what the gateway stored one turn ago), so the work per request does not grow with the number of
+stored messages. Everything after the deepest stored node is appended as its children: an edit or a
+regeneration becomes a sibling branch. Token counts come from the store (counted once per message); only
+the newest messages the budget can hold are read, and the history's total is the deepest node's
+`path_tokens`. Thin mode: a client naming a stored conversation and sending only new messages gets the
+rest of the path from the store.
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.config import IdentityConfig
-from gateway.pipeline.call import ChatCall, HistoryItem
+from gateway.pipeline.call import CallState, ChatCall, HistoryItem
 from gateway.pipeline.canonical import chain_hashes, root_hash
-from gateway.pipeline.identify import explicit_identity
+from gateway.pipeline.identify import Identity, explicit_identity
 from gateway.ports import ChatPayload, JSONObject, MessageStore, Tokenizer, Tokenizers
 from gateway.records import AppendRequest, NewMessage, StoredNode
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
+TAIL = 32  # hashes asked about first: covers the usual "history + one new turn" in one query
 
 
 def split_leading_system(messages: list[JSONObject]) -> int:
@@ -38,11 +42,20 @@ def chain_root(tenant: str, conversation_id: str | None, user_id: str | None) ->
     return root_hash(tenant, "user", user_id or "")
 
 
+def _deepest(hashes: list[str], nodes: dict[str, StoredNode], start: int = 0) -> int:
+    for index in range(len(hashes) - 1, start - 1, -1):
+        if hashes[index] in nodes:
+            return index
+    return -1
+
+
 @dataclass(slots=True)
 class IngestStep:
     store: MessageStore
     tokenizers: Tokenizers
     identity: IdentityConfig
+    # Read stored token counts for at least this many tokens of newest history (the context budget).
+    coverage_tokens: int = 0
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
         body = payload.data
@@ -55,48 +68,93 @@ class IngestStep:
 
         leading = 0 if self.identity.system_in_chain else split_leading_system(messages)
         system, chain = messages[:leading], messages[leading:]
+        state.items = [HistoryItem(m, tokenizer.count_message(m)) for m in system]
+        state.history_tokens = sum(item.tokens or 0 for item in state.items)
         root = chain_root(call.tenant, ident.conversation_id, ident.user_id)
         hashes = [h.hex() for h in chain_hashes(root, chain)]
-        lookup = await self.store.lookup(call.tenant, hashes, ident.conversation_id)
 
-        deepest = -1
-        for index in range(len(hashes) - 1, -1, -1):
-            if hashes[index] in lookup.nodes:
-                deepest = index
-                break
-
-        items = [HistoryItem(m, tokenizer.count_message(m)) for m in system]
+        tail = max(len(hashes) - TAIL, 0)
+        lookup = await self.store.lookup(call.tenant, hashes[tail:], ident.conversation_id)
+        nodes = dict(lookup.nodes)
+        deepest = _deepest(hashes, nodes, tail)
+        if deepest < 0 and tail > 0:
+            # Diverged further back (an old message edited) or a long history seen for the first time.
+            nodes.update((await self.store.lookup(call.tenant, hashes[:tail], None)).nodes)
+            deepest = _deepest(hashes, nodes)
         conversation_id = lookup.conversation.id if lookup.conversation is not None else None
-        parent: StoredNode | None = lookup.nodes[hashes[deepest]] if deepest >= 0 else None
-        new = chain[deepest + 1 :]
-        parent_hash = hashes[deepest] if deepest >= 0 else None
-        depth = deepest + 1
 
         thin_parent = ident.parent_id or (
             lookup.conversation.last_message_id if lookup.conversation else None
         )
         if deepest < 0 and self.identity.thin_mode and thin_parent is not None:
-            # Thin mode: the client sent only new messages; the history is the stored path.
-            path = await self.store.path(call.tenant, thin_parent)
-            if path:
-                state.thin = True
-                items += [HistoryItem(m.data, m.node.token_count, m.node.id) for m in path]
-                parent = path[-1].node
-                parent_hash = parent.id
-                depth = parent.depth + 1
+            parent = await self._thin(call, state, thin_parent)
+            if parent is not None:
                 hashes = [h.hex() for h in chain_hashes(bytes.fromhex(parent.id), chain)]
-                new = chain
+                new, depth, base_tokens = chain, parent.depth + 1, parent.path_tokens
+            else:
+                parent, new, depth, base_tokens = None, chain, 0, 0
         else:
+            parent = nodes[hashes[deepest]] if deepest >= 0 else None
+            if parent is not None:
+                await self._cover(call.tenant, hashes, deepest, nodes)
             for index, message in enumerate(chain[: deepest + 1]):
-                node = lookup.nodes.get(hashes[index])
-                tokens = node.token_count if node is not None else tokenizer.count_message(message)
-                items.append(HistoryItem(message, tokens, hashes[index]))
-        if conversation_id is None and parent is not None:
-            conversation_id = parent.conversation_id
+                node = nodes.get(hashes[index])
+                state.items.append(HistoryItem(message, node.token_count if node else None, hashes[index]))
+            new, depth = chain[deepest + 1 :], deepest + 1
+            base_tokens = parent.path_tokens if parent is not None else 0
+        if parent is not None:
+            state.history_tokens += parent.path_tokens
+            conversation_id = conversation_id or parent.conversation_id
 
-        new_hashes = hashes[len(hashes) - len(new) :] if new else []
-        appended = _new_messages(new, new_hashes, parent_hash, depth, tokenizer)
-        items += [HistoryItem(m.data, m.token_count, m.id) for m in appended]
+        appended = _new_messages(new, hashes[len(hashes) - len(new) :], parent, depth, base_tokens, tokenizer)
+        state.items += [HistoryItem(m.data, m.token_count, m.id) for m in appended]
+        state.history_tokens += sum(m.token_count for m in appended)
+        await self._store(call, state, ident, conversation_id, appended)
+        last = appended[-1] if appended else parent
+        if last is not None:
+            state.leaf_id, state.leaf_depth = last.id, last.depth
+            state.leaf_path_tokens = last.path_tokens
+        if state.thin:
+            # The upstream needs the whole history even though the client sent only the new turn.
+            return ChatPayload({**body, "messages": [item.message for item in state.items]})
+        return payload
+
+    async def _thin(self, call: ChatCall, state: CallState, node_id: str) -> StoredNode | None:
+        path = await self.store.path(call.tenant, node_id)
+        if not path:
+            return None
+        state.thin = True
+        state.items += [HistoryItem(m.data, m.node.token_count, m.node.id) for m in path]
+        return path[-1].node
+
+    async def _cover(
+        self, tenant: str, hashes: list[str], deepest: int, nodes: dict[str, StoredNode]
+    ) -> None:
+        """Read token counts of older stored messages until the newest `coverage_tokens` are known."""
+        newest = nodes[hashes[deepest]]
+        known = deepest
+        while known > 0 and hashes[known - 1] in nodes:
+            known -= 1
+        while known > 0:
+            covered = newest.path_tokens - nodes[hashes[known]].path_tokens + nodes[hashes[known]].token_count
+            if covered >= self.coverage_tokens:
+                return
+            average = max(newest.path_tokens // (deepest + 1), 1)
+            start = max(known - ((self.coverage_tokens - covered) // average * 3 // 2 + 16), 0)
+            found = (await self.store.lookup(tenant, hashes[start:known], None)).nodes
+            if len(found) < known - start:
+                return  # the prefix is not all stored (deleted): the builder treats unknown counts as too big
+            nodes.update(found)
+            known = start
+
+    async def _store(
+        self,
+        call: ChatCall,
+        state: CallState,
+        ident: Identity,
+        conversation_id: str | None,
+        appended: list[NewMessage],
+    ) -> None:
         if appended or (conversation_id is None and ident.conversation_id is not None):
             conversation_id = await self.store.append(
                 AppendRequest(
@@ -104,32 +162,33 @@ class IngestStep:
                 )
             )
         state.conversation_id = conversation_id
-        state.items = items
-        if appended:
-            state.leaf_id, state.leaf_depth = appended[-1].id, appended[-1].depth
-        elif parent is not None:
-            state.leaf_id, state.leaf_depth = parent.id, parent.depth
-        if state.thin:
-            # The upstream needs the whole history even though the client sent only the new turn.
-            return ChatPayload({**body, "messages": [item.message for item in items]})
-        return payload
 
 
 def _new_messages(
-    messages: list[JSONObject], hashes: list[str], parent: str | None, depth: int, tokenizer: Tokenizer
+    messages: list[JSONObject],
+    hashes: list[str],
+    parent: StoredNode | None,
+    depth: int,
+    base_tokens: int,
+    tokenizer: Tokenizer,
 ) -> list[NewMessage]:
     out: list[NewMessage] = []
+    parent_id = parent.id if parent is not None else None
+    path_tokens = base_tokens
     for offset, (message, chain_hash) in enumerate(zip(messages, hashes, strict=True)):
         role = message.get("role")
+        tokens = tokenizer.count_message(message)
+        path_tokens += tokens
         out.append(
             NewMessage(
                 id=chain_hash,
-                parent_id=parent,
+                parent_id=parent_id,
                 depth=depth + offset,
                 role=role if isinstance(role, str) else "user",
                 data=message,
-                token_count=tokenizer.count_message(message),
+                token_count=tokens,
+                path_tokens=path_tokens,
             )
         )
-        parent = chain_hash
+        parent_id = chain_hash
     return out

@@ -29,13 +29,15 @@ class PersistStep:
         if message is not None and state.leaf_id is not None and state.conversation_id is not None:
             tokenizer = self.tokenizers.for_model(str(model))
             node_id = next(chain_hashes(bytes.fromhex(state.leaf_id), [message])).hex()
+            tokens = tokenizer.count_message(message)
             new = NewMessage(
                 id=node_id,
                 parent_id=state.leaf_id,
                 depth=state.leaf_depth + 1,
                 role="assistant",
                 data=message,
-                token_count=tokenizer.count_message(message),
+                token_count=tokens,
+                path_tokens=state.leaf_path_tokens + tokens,
             )
             answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (new,))
         record = RequestRecord(

@@ -47,6 +47,7 @@ _NODE_COLUMNS = (
     col(MessageRow.depth),
     col(MessageRow.role),
     col(MessageRow.token_count),
+    col(MessageRow.path_tokens),
 )
 _MESSAGE_COLUMNS = (*_NODE_COLUMNS, col(MessageRow.content), col(MessageRow.created_at), col(MessageRow.meta))
 
@@ -101,11 +102,11 @@ def _conversation(row: ConversationRow) -> Conversation:
 
 
 def _node(row: Sequence[Any]) -> StoredNode:
-    return StoredNode(row[0], row[1], row[2], row[3], row[4], row[5])
+    return StoredNode(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
 
 
 def _message(row: Sequence[Any]) -> StoredMessage:
-    return StoredMessage(_node(row), row[6], _aware(row[7]), row[8] or {})
+    return StoredMessage(_node(row), row[7], _aware(row[8]), row[9] or {})
 
 
 class SqlStore:
@@ -209,6 +210,7 @@ class SqlStore:
                 "role": m.role,
                 "content": m.data,
                 "token_count": m.token_count,
+                "path_tokens": m.path_tokens,
                 "meta": {},
                 "created_at": now,
             }

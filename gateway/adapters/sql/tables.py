@@ -55,6 +55,7 @@ class MessageRow(SQLModel, table=True):
     role: str = Field(max_length=20)
     content: dict[str, object] = Field(sa_column=Column(JSONType, nullable=False))
     token_count: int
+    path_tokens: int
     meta: dict[str, object] = Field(default_factory=dict, sa_column=Column(JSONType, nullable=False))
     created_at: datetime = Field(sa_column=_timestamp())
 

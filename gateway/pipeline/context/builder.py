@@ -43,18 +43,18 @@ class ContextBuilder:
         budget = compute_budget(body, self.config, self.catalog.context_window(model))
         tools = body.get("tools")
         fixed_extra = REPLY_PRIMING_TOKENS + (tokenizer.count(orjson.dumps(tools).decode()) if tools else 0)
-        original = sum(item.tokens for item in state.items) + fixed_extra
+        original = state.history_tokens + fixed_extra
         state.original_tokens = original
         if original <= budget.input_tokens:
             state.sent_tokens = original
-            state.report = _report(budget, original, original, unchanged=True, sections={}, cut=[])
+            state.report = _report(budget, original, original, unchanged=True, sections={}, cut=_cut([], 0))
             return payload
 
         leading = _leading_system(state.items)
         history, current = split_current(state.items[leading:])
         build = BuildInput(call, tokenizer, state.items[:leading], history, current)
-        fixed = sum(i.tokens for i in build.system) + sum(i.tokens for i in current) + fixed_extra
-        available = max(budget.input_tokens - fixed, 0)
+        system_tokens, current_tokens = known_tokens(build.system), known_tokens(current)
+        available = max(budget.input_tokens - system_tokens - current_tokens - fixed_extra, 0)
 
         window = RecentWindow(self.config.recent_tokens)
         scale = min(1.0, available / max(window.allowance + sum(s.allowance for s in self.sections), 1))
@@ -80,21 +80,28 @@ class ContextBuilder:
             messages.append(HistoryItem(block, tokenizer.count_message(block)))
         messages += window_proposal.messages
         messages += current
-        sent = sum(i.tokens for i in messages) + fixed_extra
-        kept = {id(item.message) for item in window_proposal.messages}
-        cut_items = [item for item in history if id(item.message) not in kept]
+        sent = known_tokens(messages) + fixed_extra
+        history_tokens = state.history_tokens - system_tokens - current_tokens
+        cut = history[: len(history) - len(window_proposal.messages)]
         sections: dict[str, JSONObject] = {
-            "system": {"tokens": sum(i.tokens for i in build.system), "messages": len(build.system)},
+            "system": {"tokens": system_tokens, "messages": len(build.system)},
             **{name: {"tokens": p.tokens, **p.detail} for name, p in injected},
             "window": {"tokens": window_proposal.tokens, **window_proposal.detail},
             "current": {
-                "tokens": sum(i.tokens for i in current),
+                "tokens": current_tokens,
                 "message_ids": [i.node_id for i in current if i.node_id is not None],
             },
         }
         state.sent_tokens = sent
-        state.report = _report(budget, original, sent, unchanged=False, sections=sections, cut=cut_items)
+        state.report = _report(
+            budget, original, sent, unchanged=False, sections=sections,
+            cut=_cut(cut, history_tokens - window_proposal.tokens),
+        )  # fmt: skip
         return ChatPayload({**body, "messages": [item.message for item in messages]})
+
+
+def known_tokens(items: list[HistoryItem]) -> int:
+    return sum(item.tokens or 0 for item in items)
 
 
 def _leading_system(items: list[HistoryItem]) -> int:
@@ -106,6 +113,16 @@ def _leading_system(items: list[HistoryItem]) -> int:
     return count
 
 
+def _cut(items: list[HistoryItem], tokens: int) -> JSONObject:
+    """The cut messages form one stretch of the path (oldest first): kept as a range, not a list."""
+    return {
+        "messages": len(items),
+        "tokens": tokens,
+        "from_id": next((i.node_id for i in items if i.node_id is not None), None),
+        "to_id": next((i.node_id for i in reversed(items) if i.node_id is not None), None),
+    }
+
+
 def _report(
     budget: Budget,
     original: int,
@@ -113,7 +130,7 @@ def _report(
     *,
     unchanged: bool,
     sections: dict[str, JSONObject],
-    cut: list[HistoryItem],
+    cut: JSONObject,
 ) -> JSONObject:
     return {
         "unchanged": unchanged,
@@ -124,11 +141,5 @@ def _report(
         "sent_tokens": sent,
         "over_budget": sent > budget.input_tokens,
         "sections": sections,  # type: ignore[dict-item]
-        # The cut messages form one stretch of the path (oldest first): kept as a range, not a list.
-        "cut": {
-            "messages": len(cut),
-            "tokens": sum(i.tokens for i in cut),
-            "from_id": next((i.node_id for i in cut if i.node_id is not None), None),
-            "to_id": next((i.node_id for i in reversed(cut) if i.node_id is not None), None),
-        },
+        "cut": cut,
     }

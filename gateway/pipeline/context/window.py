@@ -18,7 +18,10 @@ class RecentWindow:
         proposal = Proposal()
         exchanges = group_exchanges(build.history)
         for exchange in reversed(exchanges):
-            cost = sum(item.tokens for item in exchange)
+            counts = [item.tokens for item in exchange]
+            if None in counts:
+                break  # older than what the store was asked to count: beyond any budget
+            cost = sum(c for c in counts if c is not None)
             if proposal.tokens + cost > allowance:
                 break  # contiguous: an older exchange never jumps over a newer one that did not fit
             proposal.tokens += cost
