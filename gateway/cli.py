@@ -80,7 +80,7 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
 
 
 @main.command()
-@click.option("--turns", default=4, show_default=True, help="How many scripted user turns to play.")
+@click.option("--turns", default=6, show_default=True, help="How many scripted user turns to play.")
 def demo(turns: int) -> None:
     """Play a scripted chat through the gateway against a built-in local stand-in model."""
     from gateway.demo import run_demo

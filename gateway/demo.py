@@ -24,6 +24,7 @@ SCRIPT = (
     "And is the tram 28 worth it?",
 )
 DEMO_KEY = "demo-key"
+DEMO_BUDGET = 250
 
 
 def run_demo(turns: int, echo: Callable[[str], None]) -> int:
@@ -44,6 +45,8 @@ def run_demo(turns: int, echo: Callable[[str], None]) -> int:
                         "name": "demo",
                         "api_keys": [DEMO_KEY],
                         "upstream": {"base_url": f"{fake.url}/v1"},
+                        # A tiny budget so the demo shows the prompt being cut after a few turns.
+                        "context": {"budget_tokens": DEMO_BUDGET},
                     }
                 ],
             },
@@ -70,6 +73,7 @@ def run_demo(turns: int, echo: Callable[[str], None]) -> int:
                 echo(
                     f"  gateway sent   {len(fwd):3d} messages, {tokenizer.count_messages(fwd):5d} tokens upstream"
                 )
+                echo(f"  conversation   {response.headers.get('x-conversation-id')} (budget {DEMO_BUDGET} tokens)")
                 echo(f"  overhead       {response.headers.get('x-gateway-overhead-ms')} ms")
                 echo(f"  assistant: {answer}\n")
                 messages.append({"role": "assistant", "content": answer})
