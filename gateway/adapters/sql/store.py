@@ -1,7 +1,7 @@
 """MessageStore over SQLAlchemy/SQLModel; blocking database work runs on worker threads.
 
-Hot-path queries select plain columns (no ORM objects): a 1,000-message history is one indexed
-`id IN (...)` lookup on the primary key.
+The request path uses Core statements built once at import with bound parameters (building a statement
+cost more than running it) and plain-column rows, no ORM objects; the read API may use the ORM.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any, TypeVar
 
 import anyio
 import orjson
-from sqlalchemy import Engine, create_engine, event, func, update
+from sqlalchemy import Engine, bindparam, create_engine, event, func, insert, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
-from sqlmodel import col, select
+from sqlmodel import SQLModel, col, select
 
 from gateway.adapters.sql.migrations import migrate
 from gateway.adapters.sql.tables import ConversationRow, MessageRow, RequestRow, utcnow
@@ -50,6 +50,25 @@ _NODE_COLUMNS = (
     col(MessageRow.path_tokens),
 )
 _MESSAGE_COLUMNS = (*_NODE_COLUMNS, col(MessageRow.content), col(MessageRow.created_at), col(MessageRow.meta))
+_CONVERSATIONS = SQLModel.metadata.tables[str(ConversationRow.__tablename__)]
+_MESSAGES = SQLModel.metadata.tables[str(MessageRow.__tablename__)]
+_REQUESTS = SQLModel.metadata.tables[str(RequestRow.__tablename__)]
+
+_NODES_BY_ID = sa_select(*_NODE_COLUMNS).where(
+    col(MessageRow.id).in_(bindparam("ids", expanding=True)), col(MessageRow.tenant) == bindparam("tenant")
+)
+_CONVERSATION_BY_EXTERNAL = sa_select(_CONVERSATIONS).where(
+    _CONVERSATIONS.c.tenant == bindparam("tenant"), _CONVERSATIONS.c.external_id == bindparam("external_id")
+)
+_TOUCH_CONVERSATION = (
+    update(_CONVERSATIONS)
+    .where(_CONVERSATIONS.c.id == bindparam("conversation_id"))
+    .values(
+        last_message_id=bindparam("last_message_id"),
+        updated_at=bindparam("now"),
+        message_count=_CONVERSATIONS.c.message_count + bindparam("added"),
+    )
+)
 
 
 def normalise_url(url: str) -> str:
@@ -113,7 +132,10 @@ class SqlStore:
     def __init__(self, engine: Engine, *, threads: int = 8) -> None:
         self.engine = engine
         self._limiter = anyio.CapacityLimiter(threads)
-        self._insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
+        dialect_insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
+        self._insert_messages = (
+            dialect_insert(_MESSAGES).on_conflict_do_nothing(index_elements=["id"]).returning(_MESSAGES.c.id)
+        )
 
     @classmethod
     def open(cls, url: str) -> SqlStore:
@@ -134,25 +156,18 @@ class SqlStore:
 
     def _lookup(self, tenant: str, hashes: list[str], external_id: str | None) -> Lookup:
         nodes: dict[str, StoredNode] = {}
+        conversation = None
         with self.engine.connect() as connection:
-            conversation = None
             if external_id is not None:
-                found = connection.execute(
-                    select(ConversationRow).where(
-                        col(ConversationRow.tenant) == tenant, col(ConversationRow.external_id) == external_id
-                    )
-                ).first()
+                by_external = {"tenant": tenant, "external_id": external_id}
+                found = connection.execute(_CONVERSATION_BY_EXTERNAL, by_external).first()
                 conversation = (
                     _conversation(ConversationRow.model_validate(found._mapping)) if found else None
                 )
             for start in range(0, len(hashes), _IN_CHUNK):
-                chunk = hashes[start : start + _IN_CHUNK]
-                query = sa_select(*_NODE_COLUMNS).where(
-                    col(MessageRow.id).in_(chunk), col(MessageRow.tenant) == tenant
-                )
-                for row in connection.execute(query):
-                    node = _node(row)
-                    nodes[node.id] = node
+                by_ids = {"ids": hashes[start : start + _IN_CHUNK], "tenant": tenant}
+                for row in connection.execute(_NODES_BY_ID, by_ids):
+                    nodes[row[0]] = _node(row)
         return Lookup(conversation, nodes)
 
     async def path(self, tenant: str, node_id: str) -> list[StoredMessage]:
@@ -177,27 +192,28 @@ class SqlStore:
         return await self._run(partial(self._append, request))
 
     def _append(self, request: AppendRequest) -> str:
-        with Session(self.engine) as session, session.begin():
-            return self._append_in(session, request)
+        with self.engine.begin() as connection:
+            return self._append_in(connection, request)
 
-    def _append_in(self, session: Session, request: AppendRequest) -> str:
+    def _append_in(self, connection: Connection, request: AppendRequest) -> str:
         now = utcnow()
         conversation_id = request.conversation_id
         if conversation_id is None:
             conversation_id = uuid.uuid4().hex
-            root = request.messages[0].id if request.messages else None
-            session.add(
-                ConversationRow(
-                    id=conversation_id,
-                    tenant=request.tenant,
-                    user_id=request.user_id,
-                    external_id=request.external_id,
-                    root_id=root,
-                    created_at=now,
-                    updated_at=now,
-                )
+            connection.execute(
+                insert(_CONVERSATIONS),
+                {
+                    "id": conversation_id,
+                    "tenant": request.tenant,
+                    "user_id": request.user_id,
+                    "external_id": request.external_id,
+                    "root_id": request.messages[0].id if request.messages else None,
+                    "last_message_id": None,
+                    "message_count": 0,
+                    "created_at": now,
+                    "updated_at": now,
+                },
             )
-            session.flush()
         if not request.messages:
             return conversation_id
         rows = [
@@ -217,27 +233,24 @@ class SqlStore:
             for m in request.messages
         ]
         # Two requests racing with the same new message store it once: the id is the chain hash.
-        statement = self._insert(MessageRow).values(rows).on_conflict_do_nothing(index_elements=["id"])
-        inserted = len(session.execute(statement.returning(col(MessageRow.id))).all())
-        values: dict[str, object] = {"last_message_id": request.messages[-1].id, "updated_at": now}
-        if inserted:
-            values["message_count"] = ConversationRow.message_count + inserted
-        session.execute(
-            update(ConversationRow)
-            .where(col(ConversationRow.id) == conversation_id)
-            .values(**values)
-            .execution_options(synchronize_session=False)
-        )
+        inserted = len(connection.execute(self._insert_messages, rows).all())
+        params = {
+            "conversation_id": conversation_id,
+            "last_message_id": request.messages[-1].id,
+            "now": now,
+            "added": inserted,
+        }
+        connection.execute(_TOUCH_CONVERSATION, params)
         return conversation_id
 
     async def complete(self, record: RequestRecord, answer: AppendRequest | None) -> None:
         await self._run(partial(self._complete, record, answer))
 
     def _complete(self, record: RequestRecord, answer: AppendRequest | None) -> None:
-        with Session(self.engine) as session, session.begin():
+        with self.engine.begin() as connection:
             if answer is not None and answer.conversation_id is not None:
-                self._append_in(session, answer)
-            session.add(RequestRow.model_validate(_record_fields(record)))
+                self._append_in(connection, answer)
+            connection.execute(insert(_REQUESTS), _record_fields(record))
 
     # -- read API -----------------------------------------------------------------------------------
 
