@@ -73,7 +73,9 @@ def run_demo(turns: int, echo: Callable[[str], None]) -> int:
                 echo(
                     f"  gateway sent   {len(fwd):3d} messages, {tokenizer.count_messages(fwd):5d} tokens upstream"
                 )
-                echo(f"  conversation   {response.headers.get('x-conversation-id')} (budget {DEMO_BUDGET} tokens)")
+                echo(
+                    f"  conversation   {response.headers.get('x-conversation-id')} (budget {DEMO_BUDGET} tokens)"
+                )
                 echo(f"  overhead       {response.headers.get('x-gateway-overhead-ms')} ms")
                 echo(f"  assistant: {answer}\n")
                 messages.append({"role": "assistant", "content": answer})

@@ -257,3 +257,22 @@ def test_api_rejects_bad_parameters(gateway: Gateway) -> None:
     response = httpx.get(f"{gateway.server.url}/api/conversations?limit=-1", headers=AUTH)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "limit"
+
+
+def test_thin_mode_reads_only_what_the_budget_can_hold(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, context={"budget_tokens": 600})])
+    client = gateway.client(default_headers={"X-Conversation-Id": "long-thin"})
+    for turn in range(40):
+        question = {"role": "user", "content": user_turn(turn)}
+        client.chat.completions.create(model="gpt-4o", messages=[SYSTEM, question])  # type: ignore[list-item]
+        forwarded = upstream.fake.last().body["messages"]
+        assert TOKENIZER.count_messages(forwarded) <= 600
+        assert forwarded[0] == SYSTEM and forwarded[-1] == question
+        assert forwarded[1]["role"] == "user"
+    assert len(forwarded) > 6
+    # Verbatim and in order: the window is the stored conversation's newest stretch.
+    contents = [m["content"] for m in forwarded[1:-1]]
+    kept = len(contents) // 2
+    assert contents[0::2] == [user_turn(t) for t in range(39 - kept, 39)]

@@ -120,12 +120,18 @@ class IngestStep:
         return payload
 
     async def _thin(self, call: ChatCall, state: CallState, node_id: str) -> StoredNode | None:
-        path = await self.store.path(call.tenant, node_id)
+        # With a context budget only its newest stretch of the path is read; without one, all of it.
+        path = await self.store.path(call.tenant, node_id, self.coverage_tokens or None)
         if not path:
             return None
         state.thin = True
+        leaf = path[-1].node
+        if path[0].node.parent_id is not None:
+            # Cut by the budget: start at a user message, so no answer or tool result loses its question.
+            while path and path[0].node.role != "user":
+                path = path[1:]
         state.items += [HistoryItem(m.data, m.node.token_count, m.node.id) for m in path]
-        return path[-1].node
+        return leaf
 
     async def _cover(
         self, tenant: str, hashes: list[str], deepest: int, nodes: dict[str, StoredNode]

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import anyio
 import orjson
-from sqlalchemy import Engine, bindparam, create_engine, event, func, insert, update
+from sqlalchemy import Engine, Select, bindparam, create_engine, event, func, insert, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -60,6 +60,31 @@ _NODES_BY_ID = sa_select(*_NODE_COLUMNS).where(
 _CONVERSATION_BY_EXTERNAL = sa_select(_CONVERSATIONS).where(
     _CONVERSATIONS.c.tenant == bindparam("tenant"), _CONVERSATIONS.c.external_id == bindparam("external_id")
 )
+
+
+def _path_statement() -> Select[*tuple[Any, ...]]:
+    """Node-to-root walk through `parent_id` (a recursive CTE: one round trip), oldest first. It stops at
+    messages whose whole path is at or under `floor` tokens, so only the newest stretch is read."""
+    ids = (col(MessageRow.id), col(MessageRow.parent_id))
+    start = sa_select(*ids).where(
+        col(MessageRow.id) == bindparam("node_id"), col(MessageRow.tenant) == bindparam("tenant")
+    )
+    walk = start.cte("walk", recursive=True)
+    step = (
+        sa_select(*ids)
+        .join(walk, col(MessageRow.id) == walk.c.parent_id)
+        .where(col(MessageRow.path_tokens) > bindparam("floor"))
+    )
+    walk = walk.union_all(step)
+    return (
+        sa_select(*_MESSAGE_COLUMNS)
+        .join(walk, col(MessageRow.id) == walk.c.id)
+        .where(col(MessageRow.tenant) == bindparam("tenant"))
+        .order_by(col(MessageRow.depth))
+    )
+
+
+_PATH = _path_statement()
 _TOUCH_CONVERSATION = (
     update(_CONVERSATIONS)
     .where(_CONVERSATIONS.c.id == bindparam("conversation_id"))
@@ -170,23 +195,19 @@ class SqlStore:
                     nodes[row[0]] = _node(row)
         return Lookup(conversation, nodes)
 
-    async def path(self, tenant: str, node_id: str) -> list[StoredMessage]:
-        return await self._run(partial(self._path, tenant, node_id))
+    async def path(self, tenant: str, node_id: str, newest_tokens: int | None = None) -> list[StoredMessage]:
+        return await self._run(partial(self._path, tenant, node_id, newest_tokens))
 
-    def _path(self, tenant: str, node_id: str) -> list[StoredMessage]:
-        """Root-to-node path through `parent_id`, with a recursive CTE (one round trip)."""
-        ids = (col(MessageRow.id), col(MessageRow.parent_id))
-        base = sa_select(*ids).where(col(MessageRow.id) == node_id, col(MessageRow.tenant) == tenant)
-        walk = base.cte("walk", recursive=True)
-        walk = walk.union_all(sa_select(*ids).join(walk, col(MessageRow.id) == walk.c.parent_id))
-        query = (
-            sa_select(*_MESSAGE_COLUMNS)
-            .join(walk, col(MessageRow.id) == walk.c.id)
-            .where(col(MessageRow.tenant) == tenant)
-            .order_by(col(MessageRow.depth))
-        )
+    def _path(self, tenant: str, node_id: str, newest_tokens: int | None) -> list[StoredMessage]:
         with self.engine.connect() as connection:
-            return [_message(row) for row in connection.execute(query)]
+            floor = -1
+            if newest_tokens is not None:
+                leaf = connection.execute(_NODES_BY_ID, {"ids": [node_id], "tenant": tenant}).first()
+                if leaf is None:
+                    return []
+                floor = _node(leaf).path_tokens - newest_tokens
+            params = {"node_id": node_id, "tenant": tenant, "floor": floor}
+            return [_message(row) for row in connection.execute(_PATH, params)]
 
     async def append(self, request: AppendRequest) -> str:
         return await self._run(partial(self._append, request))

@@ -1,0 +1,379 @@
+"""Full-pipeline overhead (identify + store + build) and input tokens per turn, measured side by side.
+
+    python benchmarks/pipeline.py            # full run, ~10 minutes
+    python benchmarks/pipeline.py --quick    # smoke run, ~2 minutes
+
+Part 1, overhead. Processes on 127.0.0.1: the fake upstream (`benchmarks/fake_upstream_server.py`), one
+gateway per scenario started through the real CLI on a fresh SQLite data directory, and this process as
+the client (httpx, one keep-alive connection, bodies serialised once up front). Each measured request
+sends a conversation's full history plus one new question, as chat apps do; the same body is sent to the
+fake directly, interleaved, so `added` is a side-by-side difference. `gateway` is the gateway's own
+`x-gateway-overhead-ms` (time in the gateway, upstream excluded).
+  a. growth of the store: a 1,000-message conversation while the database holds 1k / 10k / 100k messages
+     (the rest in other conversations of the same tenant, written through the store beforehand);
+  b. growth of the conversation: 100 / 1,000 / 5,000 messages in full-history mode, and the same in thin
+     mode (X-Conversation-Id + only the new message; the history comes from the store).
+
+Part 2, tokens. The scenario of seed 002 (system prompt 500 tokens, question 50, answer 250) replayed for
+40 and for 300 turns through a real gateway with an in-process fake upstream that answers 250 tokens:
+input tokens of the last turn and in total, for full replay, a sliding window of the same budget, and the
+gateway at budgets of 4,000 / 8,000 / 16,000 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gateway.adapters.sql.store import SqlStore  # noqa: E402
+from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizer  # noqa: E402
+from gateway.app import create_app  # noqa: E402
+from gateway.config import parse_config  # noqa: E402
+from gateway.fakes.openai_upstream import FakeUpstream, Reply  # noqa: E402
+from gateway.fakes.server import BackgroundServer  # noqa: E402
+from gateway.records import AppendRequest, NewMessage  # noqa: E402
+
+KEY = "sk-bench"
+TOKENIZER = TiktokenTokenizer.for_model("gpt-4o")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not come up")
+
+
+@contextmanager
+def process(args: list[str], ready_url: str) -> Iterator[None]:
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_ready(ready_url)
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def text_of(tokens: int, seed: int) -> str:
+    """Deterministic prose of about `tokens` tokens."""
+    words = ["alpha", "river", "port", "config", "deploy", "metric", "cache", "thread", "error", "budget"]
+    out = [f"(#{seed})"]
+    while len(out) < tokens * 3 // 4:
+        out.append(words[(seed + len(out) * 7) % len(words)])
+    return " ".join(out)
+
+
+def conversation(length: int, seed: int = 0) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a precise assistant."}]
+    for turn in range(length // 2):
+        messages.append({"role": "user", "content": text_of(40, seed * 100_000 + turn)})
+        messages.append({"role": "assistant", "content": text_of(80, seed * 100_000 + turn + 50_000)})
+    return messages
+
+
+def prefill(database_url: str, tenant: str, messages: int, per_conversation: int = 1000) -> None:
+    """Write `messages` messages in conversations of `per_conversation` through the store itself."""
+
+    async def run() -> None:
+        store = SqlStore.open(database_url)
+        written = 0
+        conversation_number = 0
+        while written < messages:
+            count = min(per_conversation, messages - written)
+            parent: str | None = None
+            batch: list[NewMessage] = []
+            path_tokens = 0
+            for depth in range(count):
+                node_id = f"{conversation_number:08x}{depth:024x}"
+                content = text_of(40, conversation_number * 10_000 + depth)
+                path_tokens += 50
+                role = "user" if depth % 2 == 0 else "assistant"
+                batch.append(
+                    NewMessage(
+                        node_id, parent, depth, role, {"role": role, "content": content}, 50, path_tokens
+                    )
+                )
+                parent = node_id
+            conversation_id = None
+            for start in range(0, len(batch), 500):
+                chunk = tuple(batch[start : start + 500])
+                conversation_id = await store.append(
+                    AppendRequest(tenant, conversation_id, None, None, chunk)
+                )
+            written += count
+            conversation_number += 1
+        await store.aclose()
+
+    asyncio.run(run())
+
+
+def config_file(directory: Path, upstream_url: str, **context: Any) -> Path:
+    config = {
+        "storage": {"database_url": f"sqlite:///{directory}/gateway.db", "data_dir": str(directory)},
+        "tenants": [
+            {
+                "name": "bench",
+                "api_keys": [KEY],
+                "upstream": {"base_url": upstream_url, "api_key": "sk-x"},
+                "context": context or {"budget_tokens": 16_000},
+            }
+        ],
+    }
+    path = directory / "config.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure(
+    gateway_url: str, upstream_url: str, bodies: list[bytes], headers: dict[str, str] | None = None
+) -> dict[str, float]:
+    """Interleave each body through the gateway and directly; returns p50/p99 figures in ms."""
+    via: list[float] = []
+    direct: list[float] = []
+    overhead: list[float] = []
+    base = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    with httpx.Client(timeout=60) as gateway_client, httpx.Client(timeout=60) as direct_client:
+        for body in bodies:
+            start = time.perf_counter()
+            response = gateway_client.post(
+                f"{gateway_url}/v1/chat/completions", content=body, headers={**base, **(headers or {})}
+            )
+            via.append((time.perf_counter() - start) * 1000)
+            assert response.status_code == 200, response.text
+            overhead.append(float(response.headers["x-gateway-overhead-ms"]))
+            start = time.perf_counter()
+            response = direct_client.post(f"{upstream_url}/chat/completions", content=body, headers=base)
+            direct.append((time.perf_counter() - start) * 1000)
+            assert response.status_code == 200
+    return {
+        "gateway_p50": percentile(overhead, 0.5),
+        "gateway_p99": percentile(overhead, 0.99),
+        "added_p50": percentile(via, 0.5) - percentile(direct, 0.5),
+        "added_p99": percentile(via, 0.99) - percentile(direct, 0.99),
+        "direct_p50": percentile(direct, 0.5),
+    }
+
+
+def full_history_bodies(length: int, count: int) -> tuple[bytes, list[bytes]]:
+    """The import body (the whole history once) and `count` bodies each adding one more turn."""
+    messages = conversation(length)
+    warm = orjson.dumps({"model": "gpt-4o", "messages": messages})
+    bodies = []
+    for turn in range(count):
+        messages = [*messages, {"role": "user", "content": text_of(40, 9_000_000 + turn)}]
+        bodies.append(orjson.dumps({"model": "gpt-4o", "messages": messages}))
+        messages = [
+            *messages,
+            {"role": "assistant", "content": f"(fake model) I read {len(messages)} messages."},
+        ]
+    return warm, bodies
+
+
+def overhead_scenario(
+    upstream_url: str, stored: int, length: int, requests: int, thin: bool
+) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
+        directory = Path(tmp)
+        config = config_file(directory, upstream_url)
+        if stored > length:
+            prefill(f"sqlite:///{directory}/gateway.db", "bench", stored - length)
+        port = free_port()
+        args = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+        gateway_url = f"http://127.0.0.1:{port}"
+        with process(args, f"{gateway_url}/healthz"):
+            warm, bodies = full_history_bodies(length, requests)
+            headers = {"X-Conversation-Id": f"bench-{length}"} if thin else None
+            auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", **(headers or {})}
+            assert (
+                httpx.post(
+                    f"{gateway_url}/v1/chat/completions", content=warm, headers=auth, timeout=120
+                ).status_code
+                == 200
+            )
+            if thin:
+                bodies = [
+                    orjson.dumps(
+                        {
+                            "model": "gpt-4o",
+                            "messages": [{"role": "user", "content": text_of(40, 8_000_000 + i)}],
+                        }
+                    )
+                    for i in range(requests)
+                ]
+            return measure(gateway_url, upstream_url.removesuffix("/v1") + "/v1", bodies, headers)
+
+
+def token_scenario(turns: int, budget: int | None) -> dict[str, int]:
+    """Seed 002's chat: returns last-turn and total input tokens sent upstream."""
+    fake = FakeUpstream(record=True)
+    system = {"role": "system", "content": text_of(500, 1)}
+    answers = [text_of(250, 7_000 + t) for t in range(turns)]
+    fake.enqueue(*(Reply(a) for a in answers))
+    with tempfile.TemporaryDirectory(prefix="bench-tokens-") as tmp, BackgroundServer(fake.app()) as up:
+        context = {"budget_tokens": budget} if budget else {"enabled": False}
+        config = parse_config(
+            {
+                "storage": {"database_url": f"sqlite:///{tmp}/g.db", "data_dir": tmp},
+                "tenants": [
+                    {
+                        "name": "t",
+                        "api_keys": [KEY],
+                        "upstream": {"base_url": f"{up.url}/v1"},
+                        "context": context,
+                    }
+                ],
+            },
+            {},
+        )
+        with BackgroundServer(create_app(config)) as gateway, httpx.Client(timeout=60) as client:
+            messages: list[dict[str, Any]] = [system]
+            sent: list[int] = []
+            for turn in range(turns):
+                messages.append({"role": "user", "content": text_of(50, 3_000 + turn)})
+                response = client.post(
+                    f"{gateway.url}/v1/chat/completions",
+                    json={"model": "gpt-4o", "messages": messages},
+                    headers={"Authorization": f"Bearer {KEY}"},
+                )
+                assert response.status_code == 200, response.text
+                sent.append(TOKENIZER.count_messages(fake.last().body["messages"]))  # type: ignore[arg-type]
+                messages.append(
+                    {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}
+                )
+    return {"last": sent[-1], "total": sum(sent)}
+
+
+def sliding_window(turns: int, budget: int) -> dict[str, int]:
+    """System prompt + the newest whole exchanges that fit the budget, computed without the gateway."""
+    system = {"role": "system", "content": text_of(500, 1)}
+    exchanges: list[list[dict[str, Any]]] = []
+    sent = []
+    for turn in range(turns):
+        question = {"role": "user", "content": text_of(50, 3_000 + turn)}
+        room = budget - TOKENIZER.count_messages([system, question])
+        window: list[dict[str, Any]] = []
+        for exchange in reversed(exchanges):
+            cost = sum(TOKENIZER.count_message(m) for m in exchange)
+            if cost > room:
+                break
+            room -= cost
+            window[:0] = exchange
+        sent.append(TOKENIZER.count_messages([system, *window, question]))
+        exchanges.append([question, {"role": "assistant", "content": text_of(250, 7_000 + turn)}])
+    return {"last": sent[-1], "total": sum(sent)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    requests = 60 if args.quick else 300
+    results: dict[str, Any] = {"overhead": [], "tokens": []}
+
+    upstream_port = free_port()
+    upstream_url = f"http://127.0.0.1:{upstream_port}/v1"
+    fake = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "fake_upstream_server.py"),
+        "--port",
+        str(upstream_port),
+    ]
+    print(
+        "Part 1: pipeline overhead, 1 connection, ms (gateway = x-gateway-overhead-ms; added = side by side)"
+    )
+    print(f"{'scenario':46s} {'gateway p50':>11s} {'gateway p99':>11s} {'added p50':>9s} {'added p99':>9s}")
+    with process(fake, f"{upstream_url}/models"):
+        scenarios = [
+            ("store holds 1k, conversation 1,000", 1_000, 1_000, False),
+            ("store holds 10k, conversation 1,000", 10_000, 1_000, False),
+            ("store holds 100k, conversation 1,000", 100_000, 1_000, False),
+            ("full history, conversation 100", 100, 100, False),
+            ("full history, conversation 5,000", 5_000, 5_000, False),
+            ("thin mode, conversation 100", 100, 100, True),
+            ("thin mode, conversation 1,000", 1_000, 1_000, True),
+            ("thin mode, conversation 5,000", 5_000, 5_000, True),
+        ]
+        if args.quick:
+            scenarios = [s for s in scenarios if s[1] <= 10_000]
+        for name, stored, length, thin in scenarios:
+            figures = overhead_scenario(upstream_url, stored, length, requests, thin)
+            results["overhead"].append(
+                {"scenario": name, "stored": stored, "length": length, "thin": thin, **figures}
+            )
+            print(
+                f"{name:46s} {figures['gateway_p50']:11.2f} {figures['gateway_p99']:11.2f} "
+                f"{figures['added_p50']:9.2f} {figures['added_p99']:9.2f}",
+                flush=True,
+            )
+    growth = {
+        r["stored"]: r["gateway_p50"] for r in results["overhead"] if r["length"] == 1_000 and not r["thin"]
+    }
+    if 1_000 in growth and max(growth) > 1_000:
+        ratio = growth[max(growth)] / growth[1_000]
+        results["growth_ratio"] = ratio
+        print(f"growth: p50 at {max(growth):,} stored / p50 at 1,000 stored = {ratio:.2f}x (goal <= 1.5x)")
+
+    print("\nPart 2: input tokens (seed 002: system 500, question 50, answer 250)")
+    print(f"{'turns':>5s} {'strategy':28s} {'last turn':>9s} {'total':>10s} {'saved vs full':>13s}")
+    for turns in (40, 300) if not args.quick else (40,):
+        full = token_scenario(turns, None)
+        rows = [("full replay", full)]
+        for budget in (4_000, 8_000, 16_000):
+            rows.append((f"sliding window {budget:,}", sliding_window(turns, budget)))
+            rows.append((f"gateway budget {budget:,}", token_scenario(turns, budget)))
+        for name, figures in rows:
+            saved = 1 - figures["total"] / full["total"]
+            results["tokens"].append({"turns": turns, "strategy": name, **figures, "saved": saved})
+            print(
+                f"{turns:5d} {name:28s} {figures['last']:9,d} {figures['total']:10,d} {saved:12.1%}",
+                flush=True,
+            )
+
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(exist_ok=True)
+    (out / "pipeline.json").write_text(json.dumps(results, indent=2))
+    print(f"\nwritten: {out / 'pipeline.json'}  (cpu count {os.cpu_count()})")
+
+
+if __name__ == "__main__":
+    main()
