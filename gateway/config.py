@@ -95,6 +95,7 @@ class TenantConfig(_Frozen):
     name: str = Field(min_length=1)
     api_keys: tuple[str, ...] = ()
     upstream: UpstreamConfig
+    store_conversations: bool = True
     context: ContextConfig = ContextConfig()
     identity: IdentityConfig = IdentityConfig()
 

@@ -45,6 +45,8 @@ def build_pipeline(
     catalog: ModelCatalog,
     counters: Counters,
 ) -> ChatPipeline:
+    if not tenant.store_conversations:
+        return ChatPipeline(counters)  # a pure proxy: nothing stored, nothing rewritten
     coverage = tenant.context.budget_tokens if tenant.context.enabled else 0
     prepare: list[PrepareStep] = [IngestStep(store, tokenizers, tenant.identity, coverage)]
     if tenant.context.enabled:

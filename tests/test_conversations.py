@@ -276,3 +276,16 @@ def test_thin_mode_reads_only_what_the_budget_can_hold(
     contents = [m["content"] for m in forwarded[1:-1]]
     kept = len(contents) // 2
     assert contents[0::2] == [user_turn(t) for t in range(39 - kept, 39)]
+
+
+def test_pure_proxy_tenant_stores_and_rewrites_nothing(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway(
+        [tenant("acme", upstream.base_url, store_conversations=False, context={"budget_tokens": 100})]
+    )
+    messages = [{"role": "user", "content": user_turn(n)} for n in range(20)]
+    _, headers = chat(gateway, messages)
+    assert upstream.fake.last().body["messages"] == messages
+    assert "x-conversation-id" not in headers
+    assert api(gateway, "/conversations")["data"] == []
