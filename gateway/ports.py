@@ -125,3 +125,33 @@ class MessageStore(Protocol):
     async def get_request(self, tenant: str, request_id: str) -> RequestRecord | None: ...
 
     async def aclose(self) -> None: ...
+
+
+class JobQueue(Protocol):
+    """The durable job table: background work (embed, compact, extract memory) that survives restarts.
+
+    Jobs can also be enqueued in the same transaction as the messages that cause them
+    (`AppendRequest.jobs`). A job with a `key` is not enqueued again while one with the same kind and key
+    is queued or running. Leasing is exclusive: two workers, in one process or several sharing a database,
+    never hold the same job; a lease that expires (a worker died) makes the job leasable again.
+    """
+
+    async def enqueue(self, job: NewJob) -> str | None:
+        """Returns the job id, or None when an identical keyed job is already pending."""
+        ...
+
+    async def lease(
+        self, worker: str, kinds: Sequence[str], lease_seconds: float, limit: int = 1
+    ) -> list[Job]: ...
+
+    async def complete(self, job: Job, worker: str) -> bool:
+        """Mark done; False when the lease was lost (expired and taken by another worker)."""
+        ...
+
+    async def fail(self, job: Job, worker: str, error: str, retry_in: float | None) -> None:
+        """Record a failed attempt: retried after `retry_in` seconds, or failed for good when None."""
+        ...
+
+    async def counts(self, tenant: str | None = None) -> dict[str, int]:
+        """Jobs per status (queued, running, done, failed)."""
+        ...

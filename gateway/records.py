@@ -63,12 +63,33 @@ class Lookup:
 
 
 @dataclass(frozen=True, slots=True)
+class NewJob:
+    kind: str  # "compact", "embed", "extract_memory"
+    tenant: str
+    payload: JSONObject
+    key: str | None = None  # dedupe: not enqueued again while a job with this kind and key is pending
+    delay_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    kind: str
+    tenant: str
+    payload: JSONObject
+    key: str | None
+    attempts: int  # including the current one
+    lease_until: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class AppendRequest:
     tenant: str
     conversation_id: str | None  # None: start a new conversation
     user_id: str | None
     external_id: str | None
     messages: tuple[NewMessage, ...]
+    jobs: tuple[NewJob, ...] = ()  # enqueued in the same transaction as the messages
 
 
 @dataclass(frozen=True, slots=True)
