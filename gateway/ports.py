@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     from gateway.records import (
         AppendRequest,
         Conversation,
+        Job,
         Lookup,
+        NewJob,
         RequestRecord,
         StoredMessage,
     )
