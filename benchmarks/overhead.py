@@ -1,25 +1,31 @@
 """Pass-through overhead of the gateway, measured side by side against the same fake upstream called directly.
 
-    python benchmarks/overhead.py            # full run, ~4-6 minutes
-    python benchmarks/overhead.py --quick    # smoke run, under a minute
+    python benchmarks/overhead.py              # full run, 5-7 minutes
+    python benchmarks/overhead.py --quick      # smoke run, under a minute
+    python benchmarks/overhead.py --prototype  # also measure benchmarks/prototype_aiohttp_gateway.py
+    python benchmarks/overhead.py --gateway-ref HEAD   # measure a commit's gateway/ (git archive), not the
+                                                       # working tree
 
-Three kinds of process, all on 127.0.0.1:
-  * the fake OpenAI-compatible upstream (`benchmarks/fake_upstream_server.py`: uvicorn + uvloop + httptools,
+Processes, all on 127.0.0.1:
+  * the fake OpenAI-compatible upstream, `benchmarks/fake_upstream_server.py` (uvicorn + uvloop + httptools,
     record=False);
-  * two gateways started through the real CLI (`python -m gateway serve --config ... --port ...`), one per
-    upstream client (`upstream.http_client: httpx` and `httpx-aiohttp`), both pointing at that fake;
+  * one gateway per upstream client, started through the real CLI
+    (`python -m gateway serve --config <yaml> --port <p>`) with `upstream.http_client: httpx` and
+    `httpx-aiohttp`, both pointing at that fake (plus, with --prototype, the same app on plain aiohttp);
   * this process, the load generator: raw keep-alive HTTP/1.1 connections with pre-built request bytes and
-    the httptools parser (`benchmarks/loadgen.py`), and `wrk` (C, epoll) for throughput when it is installed.
+    the httptools parser (`benchmarks/loadgen.py`), and `wrk` (C, epoll) for throughput when installed.
 
-Measured:
+Phases:
   1. latency at 1 connection, non-stream: direct and through each gateway, requests interleaved
-     round-robin on three connections so that all three see the same machine state;
+     round-robin (rotating order) so that every target sees the same machine state;
   2. time to first token (first SSE body bytes) of streams at 1 connection, interleaved the same way;
-  3. 32 concurrent keep-alive connections: requests/s and latency percentiles, with the CPU time each
-     process used per request (from /proc), with wrk and with the Python generator;
-  4. N simultaneous paced streams through each gateway (20 SSE chunks + [DONE], `chunk_delay` apart):
+  3. 32 keep-alive connections: req/s and latency, in short slices rotated across targets (background
+     load on a shared machine then hits all targets alike), with the CPU each process used per request;
+  4. simultaneous paced streams through each gateway (20 SSE chunks + [DONE], `--chunk-delay` apart):
      every frame of every stream is checked for loss, duplication, order and cross-talk.
-Figures are printed as a table and written to benchmarks/results/overhead.json.
+The CPU used by processes that are not part of the benchmark is measured in every phase and reported:
+on a shared 2-core machine it is the main source of noise. Results: a table on stdout and
+benchmarks/results/overhead.json.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -35,12 +42,13 @@ import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -49,24 +57,24 @@ import orjson
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import Conn, build_request, connect, pct, perf  # noqa: E402
+from loadgen import Conn, build_request, connect, pct, perf
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 RESULTS = HERE / "results" / "overhead.json"
 HOST = "127.0.0.1"
 GATEWAY_KEY = "sk-bench-gateway"
 UPSTREAM_KEY = "sk-bench-upstream"
 CLIENTS = ("httpx", "httpx-aiohttp")
-DEFAULT_CLIENT = "httpx-aiohttp"  # gateway/config.py default
+PROTOTYPE = "aiohttp-prototype"
+DEFAULT_CLIENT = "httpx-aiohttp"  # the default of upstream.http_client in gateway/config.py
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-GOALS = {
+GOALS = {  # design.md §11
     "added_p50_ms": 0.5,
     "added_p99_ms": 2.0,
     "ttft_added_p99_ms": 2.0,
     "rps_32": 2000.0,
-    "streams": 1000,
+    "streams_zero_loss": 1000,
 }
 
 
@@ -76,42 +84,52 @@ class Settings:
     seq_requests: int
     seq_warmup: int
     ttft_requests: int
-    conc_connections: int
-    conc_seconds: float
-    conc_warmup_seconds: float
+    connections: int
+    rounds: int
+    slice_seconds: float
+    generators: tuple[str, ...]
     stream_levels: tuple[int, ...]
-    stream_chunk_delay: float
+    chunk_delay: float
     stream_clients: tuple[str, ...]
-    python_generator_for_throughput: bool
+    prototype: bool
+    settle_seconds: float
+    phase_seconds: float
 
     @staticmethod
-    def make(quick: bool) -> Settings:
-        if quick:
+    def make(args: argparse.Namespace) -> Settings:
+        wrk = ("wrk",) if shutil.which("wrk") else ()
+        if args.quick:
             return Settings(
                 quick=True,
                 seq_requests=500,
                 seq_warmup=100,
                 ttft_requests=300,
-                conc_connections=32,
-                conc_seconds=2.0,
-                conc_warmup_seconds=0.5,
+                connections=32,
+                rounds=1,
+                slice_seconds=2.0,
+                generators=wrk or ("python",),
                 stream_levels=(1000,),
-                stream_chunk_delay=0.1,
+                chunk_delay=args.chunk_delay or 0.5,
                 stream_clients=(DEFAULT_CLIENT,),
-                python_generator_for_throughput=False,
+                prototype=args.prototype,
+                settle_seconds=1.0,
+                phase_seconds=6.0,
             )
         return Settings(
             quick=False,
             seq_requests=3000,
             seq_warmup=300,
             ttft_requests=2000,
-            conc_connections=32,
-            conc_seconds=10.0,
-            conc_warmup_seconds=1.0,
-            stream_levels=(1000, 2000, 4000),
-            stream_chunk_delay=0.1,
-            stream_clients=CLIENTS,
-            python_generator_for_throughput=True,
+            connections=32,
+            rounds=4,
+            slice_seconds=2.5,
+            generators=(*wrk, "python"),
+            stream_levels=(1000, 1500),
+            chunk_delay=args.chunk_delay or 0.5,
+            stream_clients=(*CLIENTS, PROTOTYPE) if args.prototype else CLIENTS,
+            prototype=args.prototype,
+            settle_seconds=15.0,
+            phase_seconds=60.0,
         )
 
 
@@ -138,11 +156,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 @dataclass
 class Child:
     name: str
@@ -158,11 +171,18 @@ class Child:
 class Children:
     items: list[Child] = field(default_factory=list)
 
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
     def start(self, name: str, port: int, argv: list[str], workdir: Path) -> Child:
         log = workdir / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=workdir,
+                env=self.env,
             )
         child = Child(name, port, proc, log)
         self.items.append(child)
@@ -187,32 +207,167 @@ def wait_ready(child: Child, path: str, timeout: float = 60.0) -> None:
     while time.monotonic() < deadline:
         if not child.alive():
             raise RuntimeError(f"{child.name} exited during start-up:\n{child.log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+            if response.status == 200:
+                return
         time.sleep(0.1)
     raise TimeoutError(f"{child.name} not ready on {url} after {timeout:.0f}s")
 
 
-def gateway_config(upstream_port: int, client: str, workdir: Path) -> dict[str, Any]:
+def gateway_config(
+    upstream_port: int, client: str, workdir: Path, under_test: dict[str, Any]
+) -> dict[str, Any]:
+    tenant: dict[str, Any] = {
+        "name": "bench",
+        "api_keys": [GATEWAY_KEY],
+        "upstream": {
+            "base_url": f"http://{HOST}:{upstream_port}/v1",
+            "api_key": UPSTREAM_KEY,
+            "http_client": client,
+        },
+    }
+    if under_test.get("has_store_switch") and not under_test.get("with_store"):
+        tenant["store_conversations"] = False  # pass-through: a pure proxy, nothing stored
+    if under_test.get("has_context_config"):
+        tenant["context"] = {"enabled": False}  # pass-through: never rewrite the prompt
     return {
         "server": {"host": HOST, "log_level": "warning"},
-        "storage": {"database_url": f"sqlite:///{workdir}/gateway.db", "data_dir": str(workdir / "data")},
-        "tenants": [
-            {
-                "name": "bench",
-                "api_keys": [GATEWAY_KEY],
-                "upstream": {
-                    "base_url": f"http://{HOST}:{upstream_port}/v1",
-                    "api_key": UPSTREAM_KEY,
-                    "http_client": client,
-                },
-            }
-        ],
+        "storage": {
+            "database_url": f"sqlite:///{workdir}/{client}.db",
+            "data_dir": str(workdir / f"data-{client}"),
+        },
+        "tenants": [tenant],
     }
+
+
+PROBE = """
+import importlib.util, json
+from gateway.config import TenantConfig
+print(json.dumps({
+    "has_context_config": "context" in TenantConfig.model_fields,
+    "has_store_switch": "store_conversations" in TenantConfig.model_fields,
+    "store_in_request_path": importlib.util.find_spec("gateway.pipeline.ingest") is not None,
+}))
+"""
+
+
+def gateway_under_test(
+    ref: str | None, workdir: Path, env: dict[str, str], with_store: bool
+) -> dict[str, Any]:
+    """Which gateway code runs: the working tree (the editable install), or `git archive <ref> gateway`
+    unpacked into workdir and put first on the children's PYTHONPATH."""
+    repo = HERE.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    info: dict[str, Any] = {}
+    if ref is None:
+        info["source"] = "working tree"
+        info["commit"] = git("rev-parse", "--short", "HEAD")
+        info["uncommitted_gateway_files"] = len(git("status", "--porcelain", "--", "gateway").splitlines())
+    else:
+        src = workdir / "src"
+        src.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", ref, "gateway"], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, check=True)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
+        info["source"] = f"git archive {ref}"
+        info["commit"] = git("rev-parse", "--short", ref)
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    if probe.returncode != 0:
+        raise RuntimeError(f"the gateway under test does not import:\n{probe.stderr[-3000:]}")
+    info.update(json.loads(probe.stdout.strip().splitlines()[-1]))
+    info["with_store"] = with_store
+    if info["has_store_switch"]:
+        info["store_in_request_path"] = with_store
+    info["context_rewrite"] = (
+        "off (context.enabled: false)" if info["has_context_config"] else "none in this version"
+    )
+    return info
+
+
+# ------------------------------------------------------------------------------------------ CPU meter
+
+
+def _proc_stat() -> tuple[float, float]:
+    """Machine-wide busy and steal CPU seconds since boot (all cores)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = values[:8]
+    return (user + nice + system + irq + softirq) / CLK_TCK, steal / CLK_TCK
+
+
+@dataclass
+class CpuSample:
+    wall: float
+    busy: float
+    steal: float
+    mine: float  # this process and its reaped children (wrk)
+    pids: dict[str, float]
+
+
+class CpuMeter:
+    """CPU seconds of each benchmark process, and of everything else on the machine (`others`)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+
+    def sample(self) -> CpuSample:
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        busy, steal = _proc_stat()
+        return CpuSample(
+            wall=perf(),
+            busy=busy,
+            steal=steal,
+            mine=me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+            pids={name: cpu_seconds(pid) for name, pid in self.pids.items()},
+        )
+
+    @staticmethod
+    def used(a: CpuSample, b: CpuSample) -> dict[str, float]:
+        """CPU seconds per process between two samples; `others` = machine busy minus ours."""
+        out = {"load_generator": b.mine - a.mine}
+        out.update({name: b.pids[name] - a.pids[name] for name in a.pids})
+        out["others"] = max(0.0, (b.busy - a.busy) - sum(out.values()))
+        out["steal"] = b.steal - a.steal
+        out["wall"] = b.wall - a.wall
+        return out
+
+
+def cores(used: dict[str, float]) -> dict[str, float]:
+    wall = used["wall"] or 1.0
+    return {k: round(v / wall, 2) for k, v in used.items() if k != "wall"}
+
+
+SETTLE_LOG: list[dict[str, Any]] = []
+
+
+async def settle(meter: CpuMeter, label: str, max_wait: float, threshold: float = 0.35) -> None:
+    """Wait (bounded) until the whole machine is nearly idle: our own processes finishing deferred work
+    (a gateway persisting in the background) and other users' jobs would otherwise skew the next phase."""
+    waited = 0.0
+    busy = 0.0
+    while True:
+        before = meter.sample()
+        await asyncio.sleep(0.5)
+        used = meter.used(before, meter.sample())
+        busy = sum(v for k, v in used.items() if k not in ("wall", "steal")) / used["wall"]
+        waited += used["wall"]
+        if busy <= threshold or waited >= max_wait:
+            break
+    SETTLE_LOG.append({"before": label, "waited_s": round(waited, 1), "busy_cores": round(busy, 2)})
 
 
 # ------------------------------------------------------------------------------------------- requests
@@ -220,14 +375,15 @@ def gateway_config(upstream_port: int, client: str, workdir: Path) -> dict[str, 
 
 @dataclass(frozen=True)
 class Target:
-    name: str  # "direct" or the gateway's http_client
+    name: str  # "direct", a gateway's http_client, or the prototype
     port: int
     key: str
-    pid: int
 
     def request(self, body: dict[str, Any]) -> bytes:
         payload = orjson.dumps(body)
-        return build_request(HOST, self.port, "/v1/chat/completions", payload, {"Authorization": f"Bearer {self.key}"})
+        return build_request(
+            HOST, self.port, "/v1/chat/completions", payload, {"Authorization": f"Bearer {self.key}"}
+        )
 
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "Say hello to the benchmark."}]}
@@ -260,7 +416,14 @@ async def watchdog(conns: list[Conn], seconds: float) -> None:
 
 
 async def interleaved(
-    targets: list[Target], body: dict[str, Any], count: int, warmup: int, *, stream: bool, budget: float
+    targets: list[Target],
+    meter: CpuMeter,
+    body: dict[str, Any],
+    count: int,
+    warmup: int,
+    *,
+    stream: bool,
+    budget: float,
 ) -> dict[str, Any]:
     conns = [await connect(HOST, t.port, header=b"x-gateway-overhead-ms") for t in targets]
     requests = [t.request(body) for t in targets]
@@ -268,11 +431,16 @@ async def interleaved(
     first: dict[str, list[float]] = {t.name: [] for t in targets}
     self_reported: dict[str, list[float]] = {t.name: [] for t in targets}
     errors = dict.fromkeys(total, 0)
-    guard = asyncio.ensure_future(watchdog(conns, budget))
-    started = perf()
+    guard = asyncio.ensure_future(watchdog(conns, budget + 30))
+    before: CpuSample | None = None
+    stop_at = perf() + budget  # a slow gateway gets fewer samples rather than a longer run
     try:
         for i in range(warmup + count):
-            # rotate the order so no target always goes first (or right after another one)
+            if i == warmup:
+                before = meter.sample()
+            elif i > warmup and perf() > stop_at:
+                break
+            # rotate the order so that no target always goes first (or right after another one)
             for j in range(len(targets)):
                 k = (i + j) % len(targets)
                 conn, target = conns[k], targets[k]
@@ -292,21 +460,29 @@ async def interleaved(
         guard.cancel()
         for conn in conns:
             conn.close()
-    out: dict[str, Any] = {"seconds": round(perf() - started, 2)}
+    assert before is not None
+    used = meter.used(before, meter.sample())
+    out: dict[str, Any] = {
+        "seconds": round(used["wall"], 1),
+        "cpu_cores": cores(used),
+        "time_limit_s": budget,
+    }
     for target in targets:
         row: dict[str, Any] = {"total": summary(total[target.name]), "errors": errors[target.name]}
         if stream:
             row["ttft"] = summary(first[target.name])
         if self_reported[target.name]:
             row["self_reported_overhead"] = summary(self_reported[target.name])
+        if target.name in used and total[target.name]:
+            row["gateway_cpu_us_per_request"] = round(used[target.name] / len(total[target.name]) * 1e6)
         out[target.name] = row
     key = "ttft" if stream else "total"
     direct = out["direct"][key]
     for target in targets[1:]:
         mine = out[target.name][key]
         out[target.name]["added"] = {
-            "p50_ms": round(mine["p50_ms"] - direct["p50_ms"], 4),
-            "p99_ms": round(mine["p99_ms"] - direct["p99_ms"], 4),
+            "p50_ms": round(mine["p50_ms"] - direct["p50_ms"], 3),
+            "p99_ms": round(mine["p99_ms"] - direct["p99_ms"], 3),
         }
     return out
 
@@ -314,18 +490,14 @@ async def interleaved(
 # -------------------------------------------------------------------------------- 3: 32 connections
 
 
-async def concurrent_python(target: Target, others: list[int], settings: Settings) -> dict[str, Any]:
-    n = settings.conc_connections
-    conns = [await connect(HOST, target.port) for _ in range(n)]
+async def python_slice(target: Target, connections: int, seconds: float, warmup: float) -> dict[str, Any]:
+    """Closed loop on `connections` keep-alive connections; latencies of requests started after warm-up."""
+    conns = [await connect(HOST, target.port) for _ in range(connections)]
     request = target.request(CHAT)
-    warm_end = perf() + settings.conc_warmup_seconds
-    end = warm_end + settings.conc_seconds
+    warm_end = perf() + warmup
+    end = warm_end + seconds
     latencies: list[float] = []
     errors = 0
-    cpu_at: dict[str, list[float]] = {}
-
-    def snapshot(label: str) -> None:
-        cpu_at[label] = [own_cpu_seconds(), *(cpu_seconds(pid) for pid in others)]
 
     async def worker(conn: Conn) -> None:
         nonlocal errors
@@ -336,41 +508,15 @@ async def concurrent_python(target: Target, others: list[int], settings: Setting
             elif t0 >= warm_end:
                 latencies.append(done - t0)
 
-    async def meter() -> None:
-        await asyncio.sleep(max(0.0, warm_end - perf()))
-        snapshot("start")
-        await asyncio.sleep(max(0.0, end - perf()))
-        snapshot("end")
-
-    guard = asyncio.ensure_future(watchdog(conns, settings.conc_warmup_seconds + settings.conc_seconds + 30))
+    guard = asyncio.ensure_future(watchdog(conns, warmup + seconds + 30))
     try:
-        await asyncio.gather(meter(), *(worker(c) for c in conns))
+        await asyncio.sleep(0)
+        await asyncio.gather(*(worker(c) for c in conns))
     finally:
         guard.cancel()
         for conn in conns:
             conn.close()
-    rps = len(latencies) / settings.conc_seconds
-    cpu = [b - a for a, b in zip(cpu_at["start"], cpu_at["end"], strict=True)]
-    return {
-        "generator": "python",
-        "requests": len(latencies),
-        "errors": errors,
-        "rps": round(rps, 1),
-        "latency": summary(latencies),
-        "cpu": cpu_breakdown(cpu, len(latencies), settings.conc_seconds, target.name),
-    }
-
-
-def cpu_breakdown(cpu: list[float], requests: int, seconds: float, target: str) -> dict[str, Any]:
-    """cpu = [load generator, fake upstream, gateway (absent for direct)] CPU seconds over the window."""
-    names = ["load_generator", "fake_upstream"] + ([] if target == "direct" else ["gateway"])
-    out: dict[str, Any] = {}
-    for name, used in zip(names, cpu, strict=True):
-        out[name] = {
-            "cores": round(used / seconds, 2),
-            "us_per_request": round(used / requests * 1e6, 1) if requests else None,
-        }
-    return out
+    return {"latencies": latencies, "errors": errors, "seconds": perf() - warm_end}
 
 
 WRK_LUA = """
@@ -390,69 +536,90 @@ end
 """
 
 
-def run_wrk(target: Target, seconds: float, connections: int, script: Path, others: list[int]) -> dict[str, Any]:
+def wrk_slice(target: Target, connections: int, seconds: float, workdir: Path) -> dict[str, Any]:
+    script = workdir / f"post-{target.port}.lua"
     script.write_text(WRK_LUA.format(body=orjson.dumps(CHAT).decode(), key=target.key))
     url = f"http://{HOST}:{target.port}/v1/chat/completions"
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(script), url]
-    before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    before = [cpu_seconds(pid) for pid in others]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=False)
-    after = [cpu_seconds(pid) for pid in others]
-    after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    duration = max(1, round(seconds))
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--timeout", "10s", "-s", str(script), url]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60, check=False)
     match = re.search(r"WRKJSON (\{.*\})", done.stdout)
     if done.returncode != 0 or match is None:
         raise RuntimeError(f"wrk failed ({done.returncode}): {done.stdout}\n{done.stderr}")
-    raw = json.loads(match.group(1))
-    duration = raw["duration_us"] / 1e6
-    wrk_cpu = (after_children.ru_utime + after_children.ru_stime) - (
-        before_children.ru_utime + before_children.ru_stime
-    )
-    cpu = [wrk_cpu] + [b - a for a, b in zip(before, after, strict=True)]
-    errors = sum(raw[k] for k in ("connect", "read", "write", "status", "timeout"))
-    return {
-        "generator": "wrk",
-        "requests": raw["requests"],
-        "errors": errors,
-        "rps": round(raw["requests"] / duration, 1),
-        "latency": {
-            "n": raw["requests"],
-            "p50_ms": raw["p50_us"] / 1000,
-            "p90_ms": raw["p90_us"] / 1000,
-            "p99_ms": raw["p99_us"] / 1000,
-            "max_ms": raw["max_us"] / 1000,
-        },
-        "cpu": cpu_breakdown(cpu, raw["requests"], duration, target.name),
-    }
+    raw: dict[str, Any] = json.loads(match.group(1))
+    raw["errors"] = sum(raw[k] for k in ("connect", "read", "write", "status", "timeout"))
+    raw["seconds"] = raw["duration_us"] / 1e6
+    return raw
 
 
-async def concurrency(targets: list[Target], fake_pid: int, settings: Settings, workdir: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    generators = []
-    if shutil.which("wrk"):
-        generators.append("wrk")
-    if settings.python_generator_for_throughput or not generators:
-        generators.append("python")
-    for generator in generators:
-        rows: dict[str, Any] = {}
-        for target in targets:
-            others = [fake_pid] + ([] if target.name == "direct" else [target.pid])
+async def concurrency(
+    targets: list[Target], meter: CpuMeter, settings: Settings, workdir: Path
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"primary": settings.generators[0]}
+    n = settings.connections
+    for generator in settings.generators:
+        slices: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
+        used_by: dict[str, list[dict[str, float]]] = {t.name: [] for t in targets}
+        for t in targets:  # warm-up: fill the gateways' upstream pools, JIT-free but cache-warm
             if generator == "wrk":
-                script = workdir / "post.lua"
-                run_wrk(target, settings.conc_warmup_seconds, settings.conc_connections, script, others)
-                rows[target.name] = run_wrk(
-                    target, settings.conc_seconds, settings.conc_connections, script, others
-                )
+                wrk_slice(t, n, 1, workdir)
             else:
-                rows[target.name] = await concurrent_python(target, others, settings)
-            await asyncio.sleep(0.3)
+                await python_slice(t, n, 0.5, 0.2)
+        for round_number in range(settings.rounds):
+            shift = round_number % len(targets)
+            for t in targets[shift:] + targets[:shift]:
+                await settle(meter, f"{generator} round {round_number} {t.name}", settings.settle_seconds / 3)
+                before = meter.sample()
+                if generator == "wrk":
+                    result = wrk_slice(t, n, settings.slice_seconds, workdir)
+                else:
+                    result = await python_slice(t, n, settings.slice_seconds, 0.3)
+                used_by[t.name].append(meter.used(before, meter.sample()))
+                slices[t.name].append(result)
+        rows: dict[str, Any] = {}
+        for t in targets:
+            parts = slices[t.name]
+            seconds = sum(p["seconds"] for p in parts)
+            if generator == "wrk":
+                requests = sum(p["requests"] for p in parts)
+                latency = {
+                    "p50_ms": statistics.median(p["p50_us"] for p in parts) / 1000,
+                    "p90_ms": statistics.median(p["p90_us"] for p in parts) / 1000,
+                    "p99_ms": statistics.median(p["p99_us"] for p in parts) / 1000,
+                    "max_ms": max(p["max_us"] for p in parts) / 1000,
+                    "note": "median over slices of wrk's per-slice percentiles",
+                }
+            else:
+                everything = [x for p in parts for x in p["latencies"]]
+                requests = len(everything)
+                latency = summary(everything)
+            per_slice = [
+                round((p["requests"] if generator == "wrk" else len(p["latencies"])) / p["seconds"])
+                for p in parts
+            ]
+            used = {k: sum(u[k] for u in used_by[t.name]) for k in used_by[t.name][0]}
+            cpu_us = {
+                k: round(v / requests * 1e6, 1)
+                for k, v in used.items()
+                if k in ("load_generator", "fake-upstream", t.name) and requests
+            }
+            rows[t.name] = {
+                "rps": round(requests / seconds, 1),
+                "rps_per_slice": per_slice,
+                "requests": requests,
+                "errors": sum(p["errors"] for p in parts),
+                "latency": latency,
+                "cpu_us_per_request": cpu_us,
+                "cpu_cores": cores(used),
+            }
         out[generator] = rows
-    out["primary"] = generators[0]
     return out
 
 
 # ---------------------------------------------------------------------------- 4: concurrent paced streams
 
-STREAM_WORDS = 12  # the fake answers "(fake model) I read 1 messages. You said: <text>": 8 + 12 words
+STREAM_WORDS = 10  # the fake answers "(fake model) I read 1 messages. You said: <text>": 8 + 10 words
+FRAMES_PER_STREAM = 1 + 8 + STREAM_WORDS + 1 + 1  # role, words, finish, [DONE] = 20 chunks + [DONE]
 
 
 def stream_body(number: int, chunk_delay: float) -> tuple[dict[str, Any], list[str]]:
@@ -481,8 +648,8 @@ class StreamCheck:
 
 
 def check_stream(raw: bytes, pieces: list[str]) -> StreamCheck:
-    """Frames expected: role chunk, one chunk per word, finish chunk, [DONE] (the gateway strips the usage
-    chunk it asked for on its own). Each frame is mapped to its position; words are unique per stream,
+    """Expected: role chunk, one chunk per word, finish chunk, [DONE] (the gateway strips the usage chunk
+    it asked for on its own). Each frame is mapped to its position; the words are unique to each stream,
     so a frame from another stream counts as unexpected."""
     position = {piece: i + 1 for i, piece in enumerate(pieces)}
     finish_at, done_at = len(pieces) + 1, len(pieces) + 2
@@ -499,8 +666,7 @@ def check_stream(raw: bytes, pieces: list[str]) -> StreamCheck:
             seen.append(done_at)
             continue
         try:
-            chunk = orjson.loads(data)
-            choice = chunk["choices"][0]
+            choice = orjson.loads(data)["choices"][0]
             delta = choice["delta"]
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             check.unexpected += 1  # error frames, usage-only chunks, garbage
@@ -516,12 +682,14 @@ def check_stream(raw: bytes, pieces: list[str]) -> StreamCheck:
     check.received = len(seen)
     check.lost = check.expected - len(set(seen))
     check.duplicated = len(seen) - len(set(seen))
-    check.reordered = sum(1 for a, b in zip(seen, seen[1:], strict=False) if b < a)
+    check.reordered = sum(1 for a, b in itertools.pairwise(seen) if b < a)
     check.ended_with_done = bool(seen) and seen[-1] == done_at
     return check
 
 
-async def concurrent_streams(target: Target, count: int, chunk_delay: float, budget: float) -> dict[str, Any]:
+async def concurrent_streams(
+    target: Target, meter: CpuMeter, count: int, chunk_delay: float, budget: float
+) -> dict[str, Any]:
     live = 0
     peak = 0
     failures: dict[str, int] = {}
@@ -529,7 +697,10 @@ async def concurrent_streams(target: Target, count: int, chunk_delay: float, bud
     ttft: list[float] = []
     durations: list[float] = []
     conns: list[Conn] = []
-    connecting = asyncio.Semaphore(200)  # stay under the listen backlogs while opening thousands
+    connecting = asyncio.Semaphore(200)  # stay well under the listen backlogs while opening thousands
+
+    def fail(reason: str) -> None:
+        failures[reason] = failures.get(reason, 0) + 1
 
     def opened() -> None:
         nonlocal live, peak
@@ -544,7 +715,7 @@ async def concurrent_streams(target: Target, count: int, chunk_delay: float, bud
             async with connecting:
                 conn = await connect(HOST, target.port, keep_body=True)
         except OSError as exc:
-            failures[f"connect: {type(exc).__name__}"] = failures.get(f"connect: {type(exc).__name__}", 0) + 1
+            fail(f"connect: {type(exc).__name__}")
             return
         conns.append(conn)
         conn.on_first = opened
@@ -552,21 +723,20 @@ async def concurrent_streams(target: Target, count: int, chunk_delay: float, bud
         try:
             done = await conn.send(request)
         except (ConnectionError, OSError) as exc:
-            failures[type(exc).__name__] = failures.get(type(exc).__name__, 0) + 1
-            if conn.first:
-                live -= 1
+            fail(type(exc).__name__)
             return
         finally:
             conn.close()
-        live -= 1
+            if conn.first:
+                live -= 1
         if conn.status != 200:
-            failures[f"http {conn.status}"] = failures.get(f"http {conn.status}", 0) + 1
+            fail(f"http {conn.status}")
             return
         ttft.append(conn.first - t0)
         durations.append(done - t0)
         checks.append(check_stream(b"".join(conn.body), pieces))
 
-    started = perf()
+    before = meter.sample()
     tasks = [asyncio.ensure_future(one(i)) for i in range(count)]
     _, pending = await asyncio.wait(tasks, timeout=budget)
     for conn in conns:
@@ -576,10 +746,10 @@ async def concurrent_streams(target: Target, count: int, chunk_delay: float, bud
     if pending:
         await asyncio.wait(pending, timeout=10)
         failures["unfinished at deadline"] = len(pending)
-    wall = perf() - started
-    frames_expected = count * (STREAM_WORDS + 8 + 3)
+    used = meter.used(before, meter.sample())
+    frames_expected = count * FRAMES_PER_STREAM
     frames_ok = sum(c.received - c.duplicated for c in checks)
-    result = {
+    result: dict[str, Any] = {
         "streams": count,
         "completed": len(checks),
         "peak_simultaneous": peak,
@@ -593,9 +763,13 @@ async def concurrent_streams(target: Target, count: int, chunk_delay: float, bud
         "failures": failures,
         "ttft": summary(ttft),
         "duration": summary(durations),
-        "ideal_duration_ms": ms(chunk_delay * (STREAM_WORDS + 8 + 1)),
-        "wall_seconds": round(wall, 2),
+        "ideal_duration_ms": ms(chunk_delay * (FRAMES_PER_STREAM - 2)),
+        "wall_seconds": round(used["wall"], 2),
+        "cpu_cores": cores(used),
     }
+    if target.name in used and frames_ok:
+        # the gateway's CPU per relayed frame, request set-up included (upstream sends one more frame)
+        result["gateway_cpu_us_per_frame"] = round(used[target.name] / frames_ok * 1e6, 1)
     result["zero_loss"] = (
         result["completed"] == count
         and result["lost_frames"] == 0
@@ -607,17 +781,20 @@ async def concurrent_streams(target: Target, count: int, chunk_delay: float, bud
     return result
 
 
-async def streams(targets: list[Target], settings: Settings) -> dict[str, Any]:
+async def streams(targets: list[Target], meter: CpuMeter, settings: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for target in targets:
         if target.name not in settings.stream_clients:
             continue
-        levels = []
+        levels: list[dict[str, Any]] = []
         for count in settings.stream_levels:
-            levels.append(await concurrent_streams(target, count, settings.stream_chunk_delay, budget=90))
-            await asyncio.sleep(1.0)
-            if not levels[-1]["zero_loss"]:
-                break
+            await settle(meter, f"streams {target.name} {count}", settings.settle_seconds)
+            print(f"      {target.name}: {count} streams", flush=True)
+            budget = 60 + 3 * settings.chunk_delay * FRAMES_PER_STREAM * max(1, count // 1000)
+            level = await concurrent_streams(target, meter, count, settings.chunk_delay, budget)
+            levels.append(level)
+            if not level["zero_loss"] or level["peak_simultaneous"] < 0.95 * count:
+                break  # lost frames, or the gateway no longer holds them all at once: stop escalating
         held = [lv["peak_simultaneous"] for lv in levels if lv["zero_loss"]]
         out[target.name] = {"levels": levels, "max_held_zero_loss": max(held) if held else 0}
     return out
@@ -634,7 +811,16 @@ def machine() -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     versions = {}
-    for package in ("uvicorn", "uvloop", "httptools", "starlette", "httpx", "httpx-aiohttp", "aiohttp", "orjson"):
+    for package in (
+        "uvicorn",
+        "uvloop",
+        "httptools",
+        "starlette",
+        "httpx",
+        "httpx-aiohttp",
+        "aiohttp",
+        "orjson",
+    ):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
     wrk = shutil.which("wrk")
@@ -647,19 +833,17 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "kernel": platform.release(),
         "packages": versions,
+        "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3],
         "note": "the load generator, the gateway and the fake upstream share these cores",
     }
-
-
-def verdict(ok: bool) -> str:
-    return "met" if ok else "MISSED"
 
 
 def goals(results: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     conc = results["concurrency"]
     primary = conc[conc["primary"]]
-    for client in CLIENTS:
+    names = [*CLIENTS, PROTOTYPE] if results["settings"]["prototype"] else list(CLIENTS)
+    for client in names:
         seq = results["latency_1conn"][client]["added"]
         ttft = results["ttft_1conn"][client]["added"]
         rows = {
@@ -670,163 +854,261 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
         }
         if client in results["streams"]:
             held = results["streams"][client]["max_held_zero_loss"]
-            rows["streams"] = (held, held >= GOALS["streams"])
-        out[client] = {k: {"measured": v, "goal": GOALS[k], "verdict": verdict(ok)} for k, (v, ok) in rows.items()}
+            rows["streams_zero_loss"] = (held, held >= GOALS["streams_zero_loss"])
+        out[client] = {
+            k: {"measured": v, "goal": GOALS[k], "verdict": "met" if ok else "MISSED"}
+            for k, (v, ok) in rows.items()
+        }
     return out
+
+
+def _dash(value: object, width: int, spec: str = "") -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
 
 
 def table(results: dict[str, Any]) -> str:
     lines: list[str] = []
     add = lines.append
-    seq, ttft = results["latency_1conn"], results["ttft_1conn"]
-    names = ["direct", *CLIENTS]
-    add("1 connection, non-stream (ms)        p50      p99   added p50  added p99  self-reported p50/p99")
-    for name in names:
-        row = seq[name]["total"]
-        added = seq[name].get("added")
-        extra = (
-            f"  {added['p50_ms']:9.3f}  {added['p99_ms']:9.3f}" if added else "          -          -"
-        )
-        own = seq[name].get("self_reported_overhead")
-        own_s = f"  {own['p50_ms']:.3f} / {own['p99_ms']:.3f}" if own else ""
-        add(f"  {name:<34}{row['p50_ms']:7.3f}  {row['p99_ms']:7.3f}{extra}{own_s}")
+    add(f"gateway under test: {results['gateway_under_test']}")
+    add(
+        f"machine: {results['machine']['nproc']} cores, {results['machine']['cpu']}, Python {results['machine']['python']}"
+    )
     add("")
-    add("1 connection, stream TTFT (ms)       p50      p99   added p50  added p99")
+    seq, ttft = results["latency_1conn"], results["ttft_1conn"]
+    names = results["targets"]
+    add(
+        "1 connection, non-stream, ms      p50      p99  added p50  added p99  gw CPU us/req  self-reported p50/p99"
+    )
     for name in names:
-        row = ttft[name]["ttft"]
-        added = ttft[name].get("added")
-        extra = f"  {added['p50_ms']:9.3f}  {added['p99_ms']:9.3f}" if added else "          -          -"
-        add(f"  {name:<34}{row['p50_ms']:7.3f}  {row['p99_ms']:7.3f}{extra}")
+        row, added = seq[name], seq[name].get("added", {})
+        own = row.get("self_reported_overhead")
+        add(
+            f"  {name:<28}{row['total']['p50_ms']:7.3f}  {row['total']['p99_ms']:7.3f}"
+            f"  {_dash(added.get('p50_ms'), 9, '.3f')}  {_dash(added.get('p99_ms'), 9, '.3f')}"
+            f"  {_dash(row.get('gateway_cpu_us_per_request'), 13)}"
+            + (f"  {own['p50_ms']:.3f} / {own['p99_ms']:.3f}" if own else "")
+        )
+    add(f"  CPU cores used during the phase: {seq['cpu_cores']}")
+    add("")
+    add("1 connection, stream TTFT, ms     p50      p99  added p50  added p99")
+    for name in names:
+        row, added = ttft[name], ttft[name].get("added", {})
+        add(
+            f"  {name:<28}{row['ttft']['p50_ms']:7.3f}  {row['ttft']['p99_ms']:7.3f}"
+            f"  {_dash(added.get('p50_ms'), 9, '.3f')}  {_dash(added.get('p99_ms'), 9, '.3f')}"
+        )
+    add(f"  CPU cores used during the phase: {ttft['cpu_cores']}")
     conc = results["concurrency"]
+    n = results["settings"]["connections"]
     for generator in ("wrk", "python"):
         if generator not in conc:
             continue
         add("")
         add(
-            f"{results['settings']['conc_connections']} connections, {generator:<6} req/s    p50 ms   p99 ms"
-            "   CPU us/req: loadgen  fake  gateway"
+            f"{n} connections ({generator}){'':<10}req/s   p50 ms   p99 ms  CPU us/req: loadgen  fake  gateway"
+            "   others (cores)   req/s per slice"
         )
         for name in names:
             row = conc[generator][name]
-            cpu = row["cpu"]
-            gw = cpu.get("gateway", {}).get("us_per_request")
+            cpu = row["cpu_us_per_request"]
             add(
-                f"  {name:<26}{row['rps']:9.0f}  {row['latency']['p50_ms']:7.2f}  {row['latency']['p99_ms']:7.2f}"
-                f"   {cpu['load_generator']['us_per_request']:19}  {cpu['fake_upstream']['us_per_request']:5}"
-                f"  {gw if gw is not None else '-':>7}"
-                + (f"  errors={row['errors']}" if row["errors"] else "")
+                f"  {name:<26}{row['rps']:8.0f}  {row['latency']['p50_ms']:7.2f}  {row['latency']['p99_ms']:7.2f}"
+                f"  {cpu.get('load_generator', 0):18.0f}  {cpu.get('fake-upstream', 0):4.0f}"
+                f"  {_dash(cpu.get(name), 7, '.0f')}   {row['cpu_cores']['others']:14.2f}"
+                f"   {row['rps_per_slice']}" + (f"  errors={row['errors']}" if row["errors"] else "")
             )
     add("")
-    add("concurrent streams   streams  done  peak  lost  reord  dup  unexp  noDONE  TTFT p50/p99 ms   dur p50/p99 ms")
+    add(
+        "paced streams          streams  done  peak  lost reord dup unexp noDONE"
+        "  TTFT p50/p99 ms   duration p50/p99 ms  gw us/frame  others"
+    )
     for client, data in results["streams"].items():
         for lv in data["levels"]:
             add(
-                f"  {client:<18}{lv['streams']:7d} {lv['completed']:5d} {lv['peak_simultaneous']:5d}"
-                f" {lv['lost_frames']:5d} {lv['reordered_frames']:6d} {lv['duplicated_frames']:4d}"
-                f" {lv['unexpected_frames']:6d} {lv['streams_without_done']:7d}"
-                f"  {lv['ttft']['p50_ms']:7.1f} / {lv['ttft']['p99_ms']:7.1f}"
-                f"  {lv['duration']['p50_ms']:6.0f} / {lv['duration']['p99_ms']:6.0f}"
+                f"  {client:<20}{lv['streams']:7d} {lv['completed']:5d} {lv['peak_simultaneous']:5d}"
+                f" {lv['lost_frames']:5d} {lv['reordered_frames']:5d} {lv['duplicated_frames']:3d}"
+                f" {lv['unexpected_frames']:5d} {lv['streams_without_done']:6d}"
+                f"  {lv['ttft']['p50_ms']:7.0f} / {lv['ttft']['p99_ms']:6.0f}"
+                f"   {lv['duration']['p50_ms']:7.0f} / {lv['duration']['p99_ms']:6.0f}"
+                f"  {_dash(lv.get('gateway_cpu_us_per_frame'), 11)}  {lv['cpu_cores']['others']:6.2f}"
                 + (f"  {lv['failures']}" if lv["failures"] else "")
             )
-        add(f"  {client}: max simultaneous streams held with zero loss: {data['max_held_zero_loss']}")
+        add(f"  {client}: simultaneous streams held with zero loss: {data['max_held_zero_loss']}")
+    add(
+        f"  (ideal stream duration {results['streams_ideal_ms']:.0f} ms; chunk_delay {results['settings']['chunk_delay']} s)"
+    )
     add("")
     add("goals (design.md §11)")
     for client, rows in results["goals"].items():
-        add(
-            f"  {client:<14}"
-            + "  ".join(f"{k}={v['measured']} ({v['verdict']})" for k, v in rows.items())
-        )
+        add(f"  {client:<18}" + "  ".join(f"{k}={v['measured']} {v['verdict']}" for k, v in rows.items()))
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------- main
 
 
-async def run(settings: Settings, workdir: Path, children: Children) -> dict[str, Any]:
+def gateway_counters(gateways: dict[str, Child]) -> dict[str, Any]:
+    health = {}
+    for client, child in gateways.items():
+        with urllib.request.urlopen(f"http://{HOST}:{child.port}/healthz", timeout=5) as response:
+            health[client] = json.loads(response.read()).get("counters")
+    return health
+
+
+async def run(
+    settings: Settings, workdir: Path, children: Children, ref: str | None, with_store: bool
+) -> dict[str, Any]:
     python = sys.executable
+    under_test = gateway_under_test(ref, workdir, children.env, with_store)
+    print(f"gateway under test: {under_test}", flush=True)
     fake_port = free_port()
     fake = children.start(
-        "fake-upstream", fake_port, [python, str(HERE / "fake_upstream_server.py"), "--port", str(fake_port)], workdir
+        "fake-upstream",
+        fake_port,
+        [python, str(HERE / "fake_upstream_server.py"), "--port", str(fake_port)],
+        workdir,
     )
     gateways: dict[str, Child] = {}
-    for client in CLIENTS:
+    for client in (*CLIENTS, PROTOTYPE) if settings.prototype else CLIENTS:
         config = workdir / f"gateway-{client}.yaml"
-        config.write_text(json.dumps(gateway_config(fake_port, client, workdir), indent=2))  # JSON is YAML
+        config.write_text(
+            json.dumps(
+                gateway_config(
+                    fake_port, DEFAULT_CLIENT if client == PROTOTYPE else client, workdir, under_test
+                )
+            )
+        )  # JSON is YAML
         port = free_port()
-        gateways[client] = children.start(
-            f"gateway-{client}",
-            port,
-            [python, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)],
-            workdir,
-        )
+        if client == PROTOTYPE:
+            argv = [
+                python,
+                str(HERE / "prototype_aiohttp_gateway.py"),
+                "--config",
+                str(config),
+                "--port",
+                str(port),
+            ]
+        else:
+            argv = [python, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+        gateways[client] = children.start(client, port, argv, workdir)
     wait_ready(fake, "/v1/models")
     for child in gateways.values():
         wait_ready(child, "/healthz")
-    targets = [Target("direct", fake_port, UPSTREAM_KEY, fake.proc.pid)] + [
-        Target(client, gateways[client].port, GATEWAY_KEY, gateways[client].proc.pid) for client in CLIENTS
+    targets = [Target("direct", fake_port, UPSTREAM_KEY)] + [
+        Target(name, child.port, GATEWAY_KEY) for name, child in gateways.items()
     ]
-    results: dict[str, Any] = {"settings": settings.__dict__, "machine": machine()}
+    meter = CpuMeter({"fake-upstream": fake.proc.pid} | {name: c.proc.pid for name, c in gateways.items()})
+    results: dict[str, Any] = {
+        "settings": asdict(settings),
+        "machine": machine(),
+        "gateway_under_test": under_test,
+        "targets": [t.name for t in targets],
+    }
     phases = {}
 
     t = time.monotonic()
-    print(f"[1/4] latency at 1 connection: {settings.seq_requests} requests per target, interleaved", flush=True)
+    await settle(meter, "[1/4]", settings.settle_seconds)
+    print(
+        f"[1/4] latency at 1 connection: {settings.seq_requests} requests per target, interleaved", flush=True
+    )
     results["latency_1conn"] = await interleaved(
-        targets, CHAT, settings.seq_requests, settings.seq_warmup, stream=False, budget=240
+        targets,
+        meter,
+        CHAT,
+        settings.seq_requests,
+        settings.seq_warmup,
+        stream=False,
+        budget=settings.phase_seconds,
     )
     phases["latency_1conn"] = time.monotonic() - t
 
     t = time.monotonic()
-    print(f"[2/4] stream TTFT at 1 connection: {settings.ttft_requests} streams per target", flush=True)
+    await settle(meter, "[2/4]", settings.settle_seconds)
+    print(
+        f"[2/4] stream TTFT at 1 connection: {settings.ttft_requests} streams per target, interleaved",
+        flush=True,
+    )
     results["ttft_1conn"] = await interleaved(
-        targets, CHAT_STREAM, settings.ttft_requests, settings.seq_warmup // 3, stream=True, budget=240
+        targets,
+        meter,
+        CHAT_STREAM,
+        settings.ttft_requests,
+        settings.seq_warmup // 3,
+        stream=True,
+        budget=settings.phase_seconds,
     )
     phases["ttft_1conn"] = time.monotonic() - t
 
     t = time.monotonic()
-    print(f"[3/4] {settings.conc_connections} connections, {settings.conc_seconds:g}s per target", flush=True)
-    results["concurrency"] = await concurrency(targets, fake.proc.pid, settings, workdir)
+    await settle(meter, "[3/4]", settings.settle_seconds)
+    print(
+        f"[3/4] {settings.connections} connections: {settings.rounds} x {settings.slice_seconds:g}s slices per target,"
+        f" generators {settings.generators}",
+        flush=True,
+    )
+    results["concurrency"] = await concurrency(targets, meter, settings, workdir)
     phases["concurrency"] = time.monotonic() - t
 
     t = time.monotonic()
-    print(f"[4/4] concurrent paced streams: levels {settings.stream_levels}", flush=True)
-    results["streams"] = await streams(targets[1:], settings)
+    print(f"[4/4] simultaneous paced streams, levels {settings.stream_levels}", flush=True)
+    results["streams"] = await streams(targets[1:], meter, settings)
+    results["streams_ideal_ms"] = ms(settings.chunk_delay * (FRAMES_PER_STREAM - 2))
     phases["streams"] = time.monotonic() - t
 
-    health = {}
-    for client, child in gateways.items():
-        with urllib.request.urlopen(f"http://{HOST}:{child.port}/healthz", timeout=5) as response:
-            health[client] = json.loads(response.read())["counters"]
-    results["gateway_counters"] = health
+    results["gateway_counters"] = gateway_counters(gateways)
     results["phase_seconds"] = {k: round(v, 1) for k, v in phases.items()}
+    results["settle_log"] = SETTLE_LOG
     results["goals"] = goals(results)
     return results
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="short smoke run (under a minute)")
+    parser.add_argument(
+        "--prototype", action="store_true", help="also run benchmarks/prototype_aiohttp_gateway.py"
+    )
+    parser.add_argument(
+        "--chunk-delay",
+        type=float,
+        default=None,
+        help="seconds between a stream's chunks (0.5)",
+    )
+    parser.add_argument("--gateway-ref", help="measure this commit's gateway/ instead of the working tree")
+    parser.add_argument(
+        "--with-store",
+        action="store_true",
+        help="keep store_conversations on (default: off, the tenant is a pure proxy when the gateway has the switch)",
+    )
+    parser.add_argument("--show", type=Path, metavar="JSON", help="print the table of a saved run and exit")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON results")
     args = parser.parse_args()
-    settings = Settings.make(args.quick)
+    if args.show:
+        print(table(json.loads(args.show.read_text())))
+        return 0
+    settings = Settings.make(args)
     fds = raise_fd_limit()
-    needed = max(settings.stream_levels) * 2 + 200
+    needed = 3 * max(settings.stream_levels) + 200
     if fds < needed:
-        print(f"warning: open-file limit {fds} < {needed}; the largest stream levels may fail", file=sys.stderr)
+        print(
+            f"warning: open-file limit {fds} < {needed}; the largest stream levels may fail", file=sys.stderr
+        )
     children = Children()
     started = time.monotonic()
-    env_note = os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    del env_note
     with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
         try:
-            results = uvloop.run(run(settings, Path(tmp), children))
+            results = uvloop.run(run(settings, Path(tmp), children, args.gateway_ref, args.with_store))
         finally:
             children.stop()
-        results["total_seconds"] = round(time.monotonic() - started, 1)
+    results["total_seconds"] = round(time.monotonic() - started, 1)
+    results["command"] = " ".join(["python", "benchmarks/overhead.py", *sys.argv[1:]])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
     print()
     print(table(results))
     print(f"\ntotal {results['total_seconds']} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
     print(f"results written to {args.out}")
     return 0
 

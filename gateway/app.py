@@ -25,7 +25,9 @@ def create_app(config: GatewayConfig, deps: Deps | None = None) -> Starlette:
         owned = deps is None
         resources = build_deps(config) if deps is None else deps
         try:
-            yield {"deps": resources}
+            # The job workers run as long as the app does, whoever built the deps.
+            async with resources.workers.running():
+                yield {"deps": resources}
         finally:
             if owned:
                 await resources.aclose()

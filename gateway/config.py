@@ -43,6 +43,17 @@ class StorageConfig(_Frozen):
     data_dir: str = DEFAULT_DATA_DIR
 
 
+class JobsConfig(_Frozen):
+    """The background job queue's workers (compaction, embedding, memory extraction)."""
+
+    workers: int = Field(default=2, ge=0)
+    poll_seconds: float = Field(default=1.0, gt=0)
+    lease_seconds: float = Field(default=60.0, gt=0)
+    max_attempts: int = Field(default=5, ge=1)
+    retry_base_seconds: float = Field(default=2.0, ge=0)
+    retry_max_seconds: float = Field(default=300.0, ge=0)
+
+
 HttpClient = Literal["httpx", "httpx-aiohttp"]
 
 
@@ -91,6 +102,14 @@ class IdentityConfig(_Frozen):
     thin_mode: bool = True
 
 
+class CompactionConfig(_Frozen):
+    enabled: bool = True
+    model: str | None = None
+    threshold_tokens: int = Field(default=4_000, gt=0)
+    chunk_tokens: int = Field(default=8_000, gt=0)
+    summary_tokens: int = Field(default=2_000, gt=0)
+
+
 class TenantConfig(_Frozen):
     name: str = Field(min_length=1)
     api_keys: tuple[str, ...] = ()
@@ -98,6 +117,7 @@ class TenantConfig(_Frozen):
     store_conversations: bool = True
     context: ContextConfig = ContextConfig()
     identity: IdentityConfig = IdentityConfig()
+    compaction: CompactionConfig = CompactionConfig()
 
     @model_validator(mode="after")
     def _keys_or_pass_through(self) -> TenantConfig:
@@ -115,6 +135,7 @@ class TenantConfig(_Frozen):
 class GatewayConfig(_Frozen):
     server: ServerConfig = ServerConfig()
     storage: StorageConfig = StorageConfig()
+    jobs: JobsConfig = JobsConfig()
     tenants: tuple[TenantConfig, ...] = Field(min_length=1)
 
     @model_validator(mode="after")

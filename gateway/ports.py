@@ -17,8 +17,10 @@ if TYPE_CHECKING:
         Job,
         Lookup,
         NewJob,
+        NewSummary,
         RequestRecord,
         StoredMessage,
+        Summary,
     )
 
 JSON: TypeAlias = "dict[str, JSON] | list[JSON] | str | int | float | bool | None"
@@ -156,4 +158,21 @@ class JobQueue(Protocol):
 
     async def counts(self, tenant: str | None = None) -> dict[str, int]:
         """Jobs per status (queued, running, done, failed)."""
+        ...
+
+
+class SummaryStore(Protocol):
+    """Rolling summaries keyed by the node they cover up to, and each conversation's compaction cursor."""
+
+    async def summaries(self, tenant: str, conversation_id: str, level: str = "global") -> list[Summary]:
+        """A conversation's summaries of one level, deepest first."""
+        ...
+
+    async def cursor(self, tenant: str, conversation_id: str) -> tuple[str | None, int]:
+        """(node the newest compaction reached, version): read before compacting."""
+        ...
+
+    async def save(self, tenant: str, conversation_id: str, version: int, rows: Sequence[NewSummary]) -> bool:
+        """Store `rows` and move the cursor to the last one, only if the cursor is still at `version`
+        (`UPDATE ... WHERE version = ?`): of two workers racing, one wins and the other's work is dropped."""
         ...

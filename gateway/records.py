@@ -110,3 +110,43 @@ class RequestRecord:
     error: str | None
     latency_ms: float
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NewSummary:
+    """A summary of the path root..`node_id` (level "global"), or of the messages after `from_node_id`
+    up to `node_id` (level "chunk"). Keyed by the node it covers up to, so it is valid for every branch
+    through that node."""
+
+    tenant: str
+    conversation_id: str
+    node_id: str
+    from_node_id: str | None
+    level: str  # "chunk" or "global"
+    depth: int
+    path_tokens: int
+    content: str
+    token_count: int
+    source_tokens: int  # tokens of the messages (or summaries) folded into it
+    model: str | None
+    llm_input_tokens: int = 0  # what the summarisation calls cost, as the provider reported it
+    llm_output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    id: str
+    tenant: str
+    conversation_id: str
+    node_id: str
+    from_node_id: str | None
+    level: str
+    depth: int
+    path_tokens: int
+    content: str
+    token_count: int
+    source_tokens: int
+    model: str | None
+    llm_input_tokens: int
+    llm_output_tokens: int
+    created_at: datetime

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.config import GatewayConfig, TenantConfig
+from gateway.errors import StoreError
+from gateway.jobs.compact import CompactHandler, CompactionTarget
+from gateway.jobs.worker import JobHandler, WorkerPool
 from gateway.metrics import Counters
 from gateway.pipeline.context.builder import ContextBuilder
+from gateway.pipeline.context.summary import SummarySection
 from gateway.pipeline.ingest import IngestStep
-from gateway.pipeline.persist import PersistStep
+from gateway.pipeline.persist import COMPACT, CompactionPolicy, PersistStep
 from gateway.pipeline.steps import ChatPipeline, CompleteStep, PrepareStep
-from gateway.ports import MessageStore, ModelCatalog, Tokenizers, Upstream
+from gateway.ports import JobQueue, MessageStore, ModelCatalog, SummaryStore, Tokenizers, Upstream
 from gateway.tenants import Tenant, TenantRegistry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -20,9 +28,21 @@ class Deps:
 
     tenants: TenantRegistry
     store: MessageStore
+    summaries: SummaryStore
+    jobs: JobQueue
+    workers: WorkerPool  # started and stopped by the app lifespan; `workers.register(kind, handler)`
     counters: Counters = field(default_factory=Counters)
 
+    async def job_counts(self) -> dict[str, int] | None:
+        """Jobs per status for `/healthz`; None when the database cannot say (health must still answer)."""
+        try:
+            return await self.jobs.counts()
+        except StoreError:
+            log.warning("cannot count jobs", exc_info=True)
+            return None
+
     async def aclose(self) -> None:
+        await self.workers.stop()
         await self.tenants.aclose()
         await self.store.aclose()
 
@@ -38,34 +58,70 @@ def build_upstream(tenant: TenantConfig) -> Upstream:
     return LiteLLMUpstream(tenant.name, tenant.upstream)
 
 
+def compacts(tenant: TenantConfig) -> bool:
+    """Background summaries need the context builder and a key of the gateway's own for the calls."""
+    return (
+        tenant.store_conversations
+        and tenant.context.enabled
+        and tenant.compaction.enabled
+        and not (tenant.upstream.pass_through_client_key and tenant.upstream.api_key is None)
+    )
+
+
 def build_pipeline(
     tenant: TenantConfig,
     store: MessageStore,
+    summaries: SummaryStore,
     tokenizers: Tokenizers,
     catalog: ModelCatalog,
     counters: Counters,
 ) -> ChatPipeline:
     if not tenant.store_conversations:
         return ChatPipeline(counters)  # a pure proxy: nothing stored, nothing rewritten
-    coverage = tenant.context.budget_tokens if tenant.context.enabled else 0
+    context = tenant.context
+    coverage = context.budget_tokens if context.enabled else 0
     prepare: list[PrepareStep] = [IngestStep(store, tokenizers, tenant.identity, coverage)]
-    if tenant.context.enabled:
-        prepare.append(ContextBuilder(tenant.context, tokenizers, catalog))
-    complete: list[CompleteStep] = [PersistStep(store, tokenizers)]
+    policy = None
+    if context.enabled:
+        sections = [SummarySection(summaries, tenant.compaction.summary_tokens)]
+        prepare.append(ContextBuilder(context, tokenizers, catalog, sections))
+    if compacts(tenant):
+        policy = CompactionPolicy(
+            context.budget_tokens, context.recent_tokens, tenant.compaction.threshold_tokens
+        )
+    complete: list[CompleteStep] = [PersistStep(store, tokenizers, policy)]
     return ChatPipeline(counters, prepare, complete)
 
 
-def build_deps(config: GatewayConfig) -> Deps:
+def build_deps(config: GatewayConfig, handlers: Mapping[str, JobHandler] | None = None) -> Deps:
+    """Adapters and pipelines from `config`; `handlers` (job kind -> handler) go to the worker pool."""
     from gateway.adapters.model_catalog import LiteLLMModelCatalog
     from gateway.adapters.sql.store import SqlStore
+    from gateway.adapters.sql.summaries import SqlSummaryStore
     from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
 
     counters = Counters()
     store = SqlStore.open(config.storage.database_url)
+    summaries = SqlSummaryStore(store.engine)
     tokenizers = TiktokenTokenizers()
     catalog = LiteLLMModelCatalog.load()
     tenants = TenantRegistry(
-        Tenant(t.name, t, build_upstream(t), build_pipeline(t, store, tokenizers, catalog, counters))
+        Tenant(
+            t.name, t, build_upstream(t), build_pipeline(t, store, summaries, tokenizers, catalog, counters)
+        )
         for t in config.tenants
     )
-    return Deps(tenants=tenants, store=store, counters=counters)
+    targets = {
+        t.name: CompactionTarget(t.upstream, t.config.compaction, t.config.context.recent_tokens)
+        for t in tenants.tenants
+        if compacts(t.config)
+    }
+    all_handlers: dict[str, JobHandler] = {COMPACT: CompactHandler(store, summaries, tokenizers, targets.get)}
+    all_handlers.update(handlers or {})
+    jobs = store.jobs
+    workers = WorkerPool(jobs, all_handlers, config.jobs)
+    # Jobs this process enqueues (with the messages that cause them) start without waiting for a poll.
+    jobs.add_listener(workers.notify)
+    return Deps(
+        tenants=tenants, store=store, summaries=summaries, jobs=jobs, workers=workers, counters=counters
+    )

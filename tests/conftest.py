@@ -56,9 +56,8 @@ def upstream() -> Iterator[Upstream]:
 
 def tenant(name: str, base_url: str, **upstream: Any) -> dict[str, Any]:
     """A tenant config; tenant-level keys go to the tenant, the rest to its upstream."""
-    extra = {
-        key: upstream.pop(key) for key in ("context", "identity", "store_conversations") if key in upstream
-    }
+    tenant_keys = ("context", "identity", "compaction", "store_conversations")
+    extra = {key: upstream.pop(key) for key in tenant_keys if key in upstream}
     keys = upstream.pop("api_keys", [f"sk-gw-{name}"])
     upstream = {"base_url": base_url, "api_key": "sk-upstream", **upstream}
     return {"name": name, "api_keys": keys, "upstream": upstream, **extra}

@@ -41,7 +41,10 @@ def test_300_turn_replay_is_bounded_and_stored_once(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
     budget = 3_000
-    gateway = make_gateway([tenant("acme", upstream.base_url, context={"budget_tokens": budget})])
+    # Window only here (summaries have their own tests): the tail must be exactly the client's messages.
+    gateway = make_gateway(
+        [tenant("acme", upstream.base_url, context={"budget_tokens": budget}, compaction={"enabled": False})]
+    )
     messages: list[Any] = [SYSTEM]
     for turn in range(300):
         messages.append({"role": "user", "content": user_turn(turn)})

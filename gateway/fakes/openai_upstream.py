@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import threading
 import time
 from collections import deque
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from gateway.jobs.prompts import CHUNK_MARKER, MERGE_MARKER
 from gateway.ports import JSON, JSONObject
 
 
@@ -61,6 +63,8 @@ class FakeUpstream:
     received: list[Received] = field(default_factory=list)
     disconnects: int = 0
     _script: deque[Reply] = field(default_factory=deque)
+    _summary_script: deque[Reply] = field(default_factory=deque)
+    summary_calls: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     record: bool = True
@@ -69,8 +73,17 @@ class FakeUpstream:
         with self._lock:
             self._script.extend(replies)
 
-    def next_reply(self, body: JSONObject) -> Reply:
+    def enqueue_summary(self, *replies: Reply) -> None:
+        """Script answers to the gateway's own summarisation calls (kept apart from chat answers)."""
         with self._lock:
+            self._summary_script.extend(replies)
+
+    def next_reply(self, body: JSONObject) -> Reply:
+        summary = summarisation_answer(body)
+        with self._lock:
+            if summary is not None:
+                self.summary_calls += 1
+                return self._summary_script.popleft() if self._summary_script else Reply(content=summary)
             if self._script:
                 return self._script.popleft()
         return Reply(content=default_answer(body))
@@ -177,6 +190,30 @@ class FakeUpstream:
             with self._lock:
                 self.disconnects += 1
             raise
+
+
+_FOLDED = re.compile(r"folded: ([^\n]*)")
+_RENDERED = re.compile(r"\[#(\d+) [^\]]*\] (\S*)")
+
+
+def summarisation_answer(body: JSONObject) -> str | None:
+    """Deterministic answers to the gateway's summarisation prompts, so tests can check exactly what was
+    folded: a chunk summary lists each message it read as `#depth:first-word`, a merge lists the union of
+    its two inputs' lists, in order."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or len(messages) < 2:
+        return None
+    system, user = messages[0], messages[-1]
+    if not isinstance(system, dict) or not isinstance(user, dict):
+        return None
+    instruction, text = str(system.get("content") or ""), str(user.get("content") or "")
+    if instruction.startswith(CHUNK_MARKER):
+        entries = [f"#{depth}:{word}" for depth, word in _RENDERED.findall(text)]
+    elif instruction.startswith(MERGE_MARKER):
+        entries = [entry for line in _FOLDED.findall(text) for entry in line.split()]
+    else:
+        return None
+    return "## Key identifiers\nfolded: " + " ".join(entries)
 
 
 def default_answer(body: JSONObject) -> str:

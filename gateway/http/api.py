@@ -4,6 +4,8 @@ GET /api/conversations                      newest first; ?limit=&offset=&user_i
 GET /api/conversations/{id}                 one conversation
 GET /api/conversations/{id}/messages        the whole tree: every node with its parent and depth
 GET /api/conversations/{id}/path/{node_id}  root-to-node path: the history one branch sees
+GET /api/conversations/{id}/summaries       rolling summaries (global) and chunk summaries, deepest first
+POST /api/conversations/{id}/compact        summarise now what left the recent window (202, a job)
 GET /api/requests/{id}                      one request: status, usage, ContextReport
 """
 
@@ -18,7 +20,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import InvalidRequest, NotFound
-from gateway.records import StoredMessage
+from gateway.pipeline.persist import COMPACT, compaction_job_key
+from gateway.ports import JSONObject
+from gateway.records import NewJob, StoredMessage
 from gateway.tenants import Caller
 from gateway.wiring import Deps
 
@@ -92,6 +96,39 @@ async def conversation_path(request: Request) -> Response:
     return _json({"object": "list", "data": [_message(m) for m in path]})
 
 
+async def conversation_summaries(request: Request) -> Response:
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    conversation = await deps.store.get_conversation(caller.tenant.name, request.path_params["id"])
+    if conversation is None:
+        raise NotFound(f"No conversation {request.path_params['id']!r} for this key.")
+    data = {
+        level: [asdict(s) for s in await deps.summaries.summaries(caller.tenant.name, conversation.id, level)]
+        for level in ("global", "chunk")
+    }
+    return _json({"object": "summaries", "conversation_id": conversation.id, **data})
+
+
+async def compact_conversation(request: Request) -> Response:
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    conversation = await deps.store.get_conversation(caller.tenant.name, request.path_params["id"])
+    if conversation is None or conversation.last_message_id is None:
+        raise NotFound(f"No conversation {request.path_params['id']!r} with messages for this key.")
+    payload: JSONObject = {
+        "conversation_id": conversation.id,
+        "leaf_id": conversation.last_message_id,
+        "force": True,
+    }
+    job_id = await deps.jobs.enqueue(
+        NewJob(COMPACT, caller.tenant.name, payload, key=compaction_job_key(conversation.id))
+    )
+    deps.workers.notify()
+    response = _json({"object": "job", "id": job_id, "queued": job_id is not None})
+    response.status_code = 202
+    return response
+
+
 async def get_request(request: Request) -> Response:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
@@ -107,5 +144,7 @@ def api_routes() -> list[Route]:
         Route("/api/conversations/{id}", get_conversation, methods=["GET"]),
         Route("/api/conversations/{id}/messages", conversation_messages, methods=["GET"]),
         Route("/api/conversations/{id}/path/{node_id}", conversation_path, methods=["GET"]),
+        Route("/api/conversations/{id}/summaries", conversation_summaries, methods=["GET"]),
+        Route("/api/conversations/{id}/compact", compact_conversation, methods=["POST"]),
         Route("/api/requests/{id}", get_request, methods=["GET"]),
     ]

@@ -179,7 +179,12 @@ class Endpoints:
 
     async def healthz(self, request: Request) -> Response:
         deps: Deps = request.state.deps
-        body = {"status": "ok", "counters": deps.counters.snapshot()}
+        body = {
+            "status": "ok",
+            "counters": deps.counters.snapshot(),
+            "jobs": await deps.job_counts(),
+            "workers": {"count": len(deps.workers.worker_ids), **deps.workers.stats.snapshot()},
+        }
         return Response(orjson.dumps(body), media_type="application/json")
 
 

@@ -30,6 +30,7 @@ class CallState:
     leaf_path_tokens: int = 0
     items: list[HistoryItem] = field(default_factory=list)
     history_tokens: int = 0  # tokens of all items, known even where single counts were not read
+    summary_path_tokens: int = 0  # how much of the path the summary used for this request covers
     # The client named the conversation: it may rely on the store for history (thin mode), so the answer
     # is stored before the response completes rather than after.
     explicit: bool = False

@@ -13,13 +13,36 @@ from datetime import UTC, datetime
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.canonical import chain_hashes
 from gateway.ports import JSONObject, MessageStore, Tokenizers
-from gateway.records import AppendRequest, NewMessage, RequestRecord
+from gateway.records import AppendRequest, NewJob, NewMessage, RequestRecord
+
+COMPACT = "compact"
+
+
+def compaction_job_key(conversation_id: str) -> str:
+    """One pending compaction per conversation: it folds up to the newest answer when it runs."""
+    return f"{COMPACT}:{conversation_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPolicy:
+    """When an answer makes a conversation worth compacting (design.md §5)."""
+
+    budget_tokens: int
+    recent_tokens: int
+    threshold_tokens: int
+
+    def due(self, history_tokens: int, summary_path_tokens: int) -> bool:
+        # Only histories that (nearly) overflow the budget need a summary; a chat that fits is sent whole.
+        if history_tokens <= self.budget_tokens - self.threshold_tokens:
+            return False
+        return history_tokens - self.recent_tokens - summary_path_tokens > self.threshold_tokens
 
 
 @dataclass(slots=True)
 class PersistStep:
     store: MessageStore
     tokenizers: Tokenizers
+    compaction: CompactionPolicy | None = None
 
     async def __call__(self, call: ChatCall, outcome: ChatOutcome) -> None:
         state = call.state
@@ -39,7 +62,16 @@ class PersistStep:
                 token_count=tokens,
                 path_tokens=state.leaf_path_tokens + tokens,
             )
-            answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (new,))
+            jobs: tuple[NewJob, ...] = ()
+            policy = self.compaction
+            if policy is not None and policy.due(new.path_tokens, state.summary_path_tokens):
+                payload: JSONObject = {
+                    "conversation_id": state.conversation_id,
+                    "leaf_id": new.id,
+                    "model": model,
+                }
+                jobs = (NewJob(COMPACT, call.tenant, payload, key=compaction_job_key(state.conversation_id)),)
+            answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (new,), jobs)
         record = RequestRecord(
             id=call.request_id,
             tenant=call.tenant,

@@ -9,7 +9,14 @@ from sqlalchemy import Connection, text
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
-from gateway.adapters.sql.tables import ConversationRow, MessageRow, RequestRow
+from gateway.adapters.sql.tables import (
+    CompactionCursorRow,
+    ConversationRow,
+    JobRow,
+    MessageRow,
+    RequestRow,
+    SummaryRow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +28,20 @@ def _initial(connection: Connection) -> None:
     SQLModel.metadata.create_all(connection, tables=[SQLModel.metadata.tables[str(n)] for n in names])
 
 
-MIGRATIONS: tuple[Migration, ...] = (("0001_conversations_messages_requests", _initial),)
+def _jobs(connection: Connection) -> None:
+    SQLModel.metadata.create_all(connection, tables=[SQLModel.metadata.tables[str(JobRow.__tablename__)]])
+
+
+def _summaries(connection: Connection) -> None:
+    names = (SummaryRow.__tablename__, CompactionCursorRow.__tablename__)
+    SQLModel.metadata.create_all(connection, tables=[SQLModel.metadata.tables[str(n)] for n in names])
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    ("0001_conversations_messages_requests", _initial),
+    ("0002_jobs", _jobs),
+    ("0003_summaries", _summaries),
+)
 
 # Serialises migrations between gateway replicas starting together on one Postgres.
 _PG_LOCK_ID = 727_274_001

@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlmodel import SQLModel, col, select
 
+from gateway.adapters.sql.jobs import SqlJobQueue, enqueue_in
 from gateway.adapters.sql.migrations import migrate
 from gateway.adapters.sql.tables import ConversationRow, MessageRow, RequestRow, utcnow
 from gateway.errors import StoreError
@@ -157,6 +158,7 @@ class SqlStore:
     def __init__(self, engine: Engine, *, threads: int = 8) -> None:
         self.engine = engine
         self._limiter = anyio.CapacityLimiter(threads)
+        self.jobs = SqlJobQueue(engine)  # shares the engine: jobs commit with the messages that cause them
         dialect_insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
         self._insert_messages = (
             dialect_insert(_MESSAGES).on_conflict_do_nothing(index_elements=["id"]).returning(_MESSAGES.c.id)
@@ -210,7 +212,10 @@ class SqlStore:
             return [_message(row) for row in connection.execute(_PATH, params)]
 
     async def append(self, request: AppendRequest) -> str:
-        return await self._run(partial(self._append, request))
+        conversation_id = await self._run(partial(self._append, request))
+        if request.jobs:
+            self.jobs.notify_listeners()
+        return conversation_id
 
     def _append(self, request: AppendRequest) -> str:
         with self.engine.begin() as connection:
@@ -235,6 +240,7 @@ class SqlStore:
                     "updated_at": now,
                 },
             )
+        enqueue_in(connection, request.jobs)
         if not request.messages:
             return conversation_id
         rows = [
@@ -266,6 +272,8 @@ class SqlStore:
 
     async def complete(self, record: RequestRecord, answer: AppendRequest | None) -> None:
         await self._run(partial(self._complete, record, answer))
+        if answer is not None and answer.jobs:
+            self.jobs.notify_listeners()
 
     def _complete(self, record: RequestRecord, answer: AppendRequest | None) -> None:
         with self.engine.begin() as connection:

@@ -1,10 +1,10 @@
-"""SQLModel tables: conversations, messages (a tree keyed by chain hash) and requests."""
+"""SQLModel tables: conversations, messages (a tree keyed by chain hash), requests and background jobs."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, Column, DateTime, Index
+from sqlalchemy import JSON, Column, DateTime, Index, Text, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
@@ -83,3 +83,84 @@ class RequestRow(SQLModel, table=True):
     error: str | None = None
     latency_ms: float
     created_at: datetime = Field(sa_column=_timestamp())
+
+
+# A keyed job blocks a duplicate while it is in one of these statuses; the same predicate is the
+# partial unique index's and the ON CONFLICT target's (Postgres needs them to match).
+JOB_PENDING_WHERE = text("status IN ('queued', 'running')")
+
+
+class JobRow(SQLModel, table=True):
+    """One background job. `attempts` counts leases taken (including a running one); `run_after` is when
+    a queued job may next be leased; `lease_owner`/`lease_until` belong to the worker running it."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        # Workers look for queued jobs that are due, and running jobs whose lease has expired.
+        Index("ix_jobs_status_run_after", "status", "run_after"),
+        Index("ix_jobs_status_lease_until", "status", "lease_until"),
+        # Dedupe: at most one pending job per kind and key; race-safe because the database enforces it.
+        Index(
+            "ux_jobs_pending_kind_key",
+            "kind",
+            "key",
+            unique=True,
+            sqlite_where=JOB_PENDING_WHERE,
+            postgresql_where=JOB_PENDING_WHERE,
+        ),
+    )
+
+    id: str = Field(primary_key=True, max_length=32)
+    kind: str = Field(max_length=50)
+    tenant: str = Field(max_length=200)
+    payload: dict[str, object] = Field(sa_column=Column(JSONType, nullable=False))
+    key: str | None = Field(default=None, max_length=200)
+    status: str = Field(max_length=20)
+    attempts: int = 0
+    run_after: datetime = Field(sa_column=_timestamp())
+    lease_owner: str | None = Field(default=None, max_length=200)
+    lease_until: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+    last_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    created_at: datetime = Field(sa_column=_timestamp())
+    updated_at: datetime = Field(sa_column=_timestamp())
+
+
+class SummaryRow(SQLModel, table=True):
+    """A rolling ("global") or chunk summary, keyed by the node it covers up to (valid for every branch
+    through that node)."""
+
+    __tablename__ = "summaries"
+    __table_args__ = (
+        Index("ix_summaries_conversation_level_depth", "tenant", "conversation_id", "level", "depth"),
+        Index("ix_summaries_node_level", "node_id", "level", unique=True),
+    )
+
+    id: str = Field(primary_key=True, max_length=32)
+    tenant: str = Field(max_length=200)
+    conversation_id: str = Field(max_length=32)
+    node_id: str = Field(max_length=32)
+    from_node_id: str | None = Field(default=None, max_length=32)
+    level: str = Field(max_length=10)
+    depth: int
+    path_tokens: int
+    content: str
+    token_count: int
+    source_tokens: int
+    model: str | None = Field(default=None, max_length=200)
+    llm_input_tokens: int = 0
+    llm_output_tokens: int = 0
+    created_at: datetime = Field(sa_column=_timestamp())
+
+
+class CompactionCursorRow(SQLModel, table=True):
+    """How far a conversation's newest compaction reached, with a version for optimistic updates."""
+
+    __tablename__ = "compaction_cursors"
+
+    tenant: str = Field(primary_key=True, max_length=200)
+    conversation_id: str = Field(primary_key=True, max_length=32)
+    node_id: str | None = Field(default=None, max_length=32)
+    version: int = 0
+    updated_at: datetime = Field(sa_column=_timestamp())

@@ -9,7 +9,7 @@ Whole exchanges are kept or cut, never text. Every build leaves a ContextReport 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -67,22 +67,26 @@ class ContextBuilder:
             used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
             if used:
                 injected.append((section.name, proposal))
-            carry, spare, available = allowance - used, spare - used, available - used
-        window_proposal = await window.propose(build, available)
+            carry, spare = allowance - used, spare - used
+        block = _injected_block(injected)
+        block_tokens = tokenizer.count_message(block) if block is not None else 0
+        if block_tokens > available:
+            block, block_tokens, injected = None, 0, []  # the framing does not fit a tiny budget: drop it
+        available -= block_tokens
+        floor = _window_floor(history, injected)
+        state.summary_path_tokens = _covered_tokens(injected)
+        window_proposal = await window.propose(replace(build, history=history[floor:]), available)
 
         messages: list[HistoryItem] = list(build.system)
-        if injected:
-            text = "\n\n".join([INJECTED_HEADER, *(p.text or "" for _, p in injected)])
-            block: JSONObject = {
-                "role": "system",
-                "content": f"<gateway_context>\n{text}\n</gateway_context>",
-            }
-            messages.append(HistoryItem(block, tokenizer.count_message(block)))
+        if block is not None:
+            messages.append(HistoryItem(block, block_tokens))
         messages += window_proposal.messages
         messages += current
         sent = known_tokens(messages) + fixed_extra
-        history_tokens = state.history_tokens - system_tokens - current_tokens
-        cut = history[: len(history) - len(window_proposal.messages)]
+        history_tokens = state.history_tokens - system_tokens - current_tokens - _covered_tokens(injected)
+        cut = history[
+            floor : len(history) - len(window_proposal.messages)
+        ]  # summarised messages are not "cut"
         sections: dict[str, JSONObject] = {
             "system": {"tokens": system_tokens, "messages": len(build.system)},
             **{name: {"tokens": p.tokens, **p.detail} for name, p in injected},
@@ -98,6 +102,32 @@ class ContextBuilder:
             cut=_cut(cut, history_tokens - window_proposal.tokens),
         )  # fmt: skip
         return ChatPayload({**body, "messages": [item.message for item in messages]})
+
+
+def _injected_block(injected: list[tuple[str, Proposal]]) -> JSONObject | None:
+    """All injected sections in one delimited system message, so the model can tell memory from
+    instructions."""
+    if not injected:
+        return None
+    text = "\n\n".join([INJECTED_HEADER, *(p.text or "" for _, p in injected)])
+    return {"role": "system", "content": f"<gateway_context>\n{text}\n</gateway_context>"}
+
+
+def _window_floor(history: list[HistoryItem], injected: list[tuple[str, Proposal]]) -> int:
+    """Index in `history` where the window may start: right after the deepest summarised node."""
+    floor = 0
+    for _, proposal in injected:
+        if proposal.covers_through is None:
+            continue
+        for index, item in enumerate(history):
+            if item.node_id == proposal.covers_through:
+                floor = max(floor, index + 1)
+    return floor
+
+
+def _covered_tokens(injected: list[tuple[str, Proposal]]) -> int:
+    covered = [p.detail.get("covers_tokens") for _, p in injected if p.covers_through is not None]
+    return max((c for c in covered if isinstance(c, int)), default=0)
 
 
 def known_tokens(items: list[HistoryItem]) -> int:

@@ -29,6 +29,8 @@ class Proposal:
     messages: list[HistoryItem] = field(default_factory=list)
     text: str | None = None
     detail: JSONObject = field(default_factory=dict)
+    # A summary covering the path up to this node: the recent window starts after it.
+    covers_through: str | None = None
 
 
 class Section(Protocol):

@@ -1,0 +1,240 @@
+"""Rolling task-state compaction: background jobs, exact coverage, branches, races, failures, on demand.
+
+The fake upstream answers the gateway's summarisation calls deterministically: a chunk summary lists
+every message it read as `#depth:first-word`, a merge the union of its inputs, so coverage can be checked
+exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.adapters.http_upstream import HttpUpstream
+from gateway.adapters.sql.store import SqlStore
+from gateway.adapters.sql.summaries import SqlSummaryStore
+from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
+from gateway.config import CompactionConfig, UpstreamConfig
+from gateway.fakes.openai_upstream import FakeUpstream, Reply
+from gateway.fakes.server import BackgroundServer
+from gateway.jobs.compact import CompactHandler, CompactionTarget
+from gateway.pipeline.canonical import chain_hashes, root_hash
+from gateway.records import AppendRequest, Job, NewMessage
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant
+
+CONTEXT = {"budget_tokens": 1200, "recent_tokens": 300}
+COMPACTION = {"threshold_tokens": 200, "chunk_tokens": 300, "summary_tokens": 400}
+JOBS = {"poll_seconds": 0.05, "retry_base_seconds": 0.1, "lease_seconds": 5}
+SYSTEM = {"role": "system", "content": "You are terse."}
+
+
+def api(gateway: Gateway, path: str, key: str = GATEWAY_KEY) -> Any:
+    response = httpx.get(f"{gateway.server.url}/api{path}", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def wait_for_jobs(gateway: Gateway, timeout: float = 20.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs: dict[str, int] = httpx.get(f"{gateway.server.url}/healthz").json()["jobs"]
+        if jobs.get("queued", 0) == 0 and jobs.get("running", 0) == 0:
+            return jobs
+        time.sleep(0.05)
+    raise AssertionError(f"jobs still pending after {timeout}s: {jobs}")
+
+
+def folded(text: str) -> list[tuple[int, str]]:
+    line = re.search(r"folded: ([^\n]*)", text)
+    assert line is not None, text
+    return [(int(d), w) for d, w in (entry[1:].split(":", 1) for entry in line.group(1).split())]
+
+
+def turn_text(label: str, n: int) -> str:
+    return f"{label}-turn-{n} please remember code {n * 7919 % 10007} and the file notes_{n}.md for later."
+
+
+@pytest.fixture
+def compacting(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> Gateway:
+    return make_gateway(
+        [tenant("acme", upstream.base_url, context=CONTEXT, compaction=COMPACTION)], jobs=JOBS
+    )
+
+
+def play(gateway: Gateway, messages: list[Any], label: str, turns: range) -> httpx.Headers:
+    headers = httpx.Headers()
+    for n in turns:
+        messages.append({"role": "user", "content": turn_text(label, n)})
+        raw = gateway.client().chat.completions.with_raw_response.create(model="gpt-4o", messages=messages)
+        headers = raw.headers
+        messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+        wait_for_jobs(gateway)
+    return headers
+
+
+def test_long_conversation_is_compacted_without_gaps_or_overlaps(
+    compacting: Gateway, upstream: Upstream
+) -> None:
+    messages: list[Any] = [SYSTEM]
+    headers = play(compacting, messages, "A", range(40))
+    conversation_id = headers["x-conversation-id"]
+    summaries = api(compacting, f"/conversations/{conversation_id}/summaries")
+    globals_, chunks = summaries["global"], summaries["chunk"]
+    assert len(globals_) >= 2, "the cursor should have moved more than once"
+    for summary in globals_:
+        # A rolling summary covers exactly the path root..its node: every message once, in order.
+        assert [d for d, _ in folded(summary["content"])] == list(range(summary["depth"] + 1))
+    previous = -1
+    for chunk in sorted(chunks, key=lambda c: c["depth"]):
+        depths = [d for d, _ in folded(chunk["content"])]
+        assert depths == list(range(previous + 1, chunk["depth"] + 1))  # consecutive, disjoint ranges
+        assert chunk["token_count"] > 0 and chunk["source_tokens"] > 0
+        previous = chunk["depth"]
+
+    report = api(compacting, f"/requests/{headers['x-gateway-request-id']}")["report"]
+    used = report["sections"]["summary"]
+    assert used["tokens"] > 0
+    forwarded = upstream.fake.chat_requests()[-1].body["messages"]
+    assert forwarded[0] == SYSTEM
+    assert forwarded[1]["role"] == "system" and "<gateway_context>" in forwarded[1]["content"]
+    summary = next(s for s in globals_ if s["id"] == used["summary_id"])
+    assert summary["content"] in forwarded[1]["content"]
+    # The window starts right after the summarised node: nothing is sent twice.
+    window_turns = [
+        int(m["content"].split("-turn-")[1].split()[0]) for m in forwarded[2:] if m["role"] == "user"
+    ]
+    assert min(window_turns) * 2 >= summary["depth"] + 1
+    assert window_turns == list(range(min(window_turns), 40))
+    assert int(headers["x-context-tokens-sent"]) <= CONTEXT["budget_tokens"]
+
+
+def test_request_never_waits_on_compaction(compacting: Gateway, upstream: Upstream) -> None:
+    upstream.fake.enqueue_summary(*(Reply(f"folded: #0:slow-{i}", delay=2.0) for i in range(3)))
+    messages: list[Any] = [SYSTEM]
+    slowest = 0.0
+    for n in range(24):
+        messages.append({"role": "user", "content": turn_text("A", n)})
+        start = time.monotonic()
+        answer = compacting.client().chat.completions.create(model="gpt-4o", messages=messages)
+        slowest = max(slowest, time.monotonic() - start)
+        messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+    assert upstream.fake.summary_calls >= 1, "compaction never started"
+    assert slowest < 1.5, f"a chat request waited {slowest:.2f}s"
+    wait_for_jobs(compacting, timeout=30)
+
+
+def test_failed_summary_call_is_retried_and_never_corrupts(compacting: Gateway, upstream: Upstream) -> None:
+    upstream.fake.enqueue_summary(Reply(status=500), Reply(status=503))
+    messages: list[Any] = [SYSTEM]
+    headers = play(compacting, messages, "A", range(30))
+    jobs = wait_for_jobs(compacting)
+    assert jobs.get("failed", 0) == 0
+    globals_ = api(compacting, f"/conversations/{headers['x-conversation-id']}/summaries")["global"]
+    assert globals_, "the retried compaction should have produced a summary"
+    for summary in globals_:
+        assert [d for d, _ in folded(summary["content"])] == list(range(summary["depth"] + 1))
+
+
+def test_branches_keep_separate_summaries(compacting: Gateway, upstream: Upstream) -> None:
+    trunk: list[Any] = [SYSTEM]
+    play(compacting, trunk, "A", range(30))
+    branch = trunk[: 1 + 2 * 4]  # share the first four exchanges, then diverge
+    play(compacting, branch, "B", range(4, 34))
+    forwarded = upstream.fake.chat_requests()[-1].body["messages"]
+    injected = forwarded[1]["content"]
+    assert "<gateway_context>" in injected
+    words = [w for _, w in folded(injected)]
+    a_turns = [int(w.split("-turn-")[1]) for w in words if w.startswith("A-turn-")]
+    assert a_turns and max(a_turns) < 4, "branch B's summary folded messages of branch A"
+    assert any(w.startswith("B-turn-") for w in words)
+
+
+def test_compaction_on_demand_and_summaries_api_scoping(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway(
+        [
+            tenant("acme", upstream.base_url, context={"budget_tokens": 100_000, "recent_tokens": 200}),
+            tenant("globex", upstream.base_url),
+        ],
+        jobs=JOBS,
+    )
+    messages: list[Any] = [SYSTEM]
+    headers = play(gateway, messages, "A", range(8))  # fits the budget: no compaction on its own
+    conversation_id = headers["x-conversation-id"]
+    assert api(gateway, f"/conversations/{conversation_id}/summaries")["global"] == []
+    response = httpx.post(
+        f"{gateway.server.url}/api/conversations/{conversation_id}/compact",
+        headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+    )
+    assert response.status_code == 202 and response.json()["queued"] is True
+    wait_for_jobs(gateway)
+    globals_ = api(gateway, f"/conversations/{conversation_id}/summaries")["global"]
+    assert len(globals_) == 1 and folded(globals_[0]["content"])[0] == (0, "A-turn-0")
+    other = httpx.get(
+        f"{gateway.server.url}/api/conversations/{conversation_id}/summaries",
+        headers={"Authorization": "Bearer sk-gw-globex"},
+    )
+    assert other.status_code == 404
+
+
+@pytest.fixture
+def summariser() -> Iterator[tuple[FakeUpstream, str]]:
+    fake = FakeUpstream()
+    with BackgroundServer(fake.app()) as server:
+        yield fake, f"{server.url}/v1"
+
+
+def test_racing_workers_produce_one_summary(database_url: str, summariser: tuple[FakeUpstream, str]) -> None:
+    fake, base_url = summariser
+    tokenizers = TiktokenTokenizers()
+    tokenizer = tokenizers.for_model("gpt-4o")
+
+    async def scenario() -> None:
+        seed = SqlStore.open(database_url)
+        parent: str | None = None
+        messages: list[NewMessage] = []
+        path_tokens = 0
+        root = root_hash("acme", "user", "")
+        contents = [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": turn_text("R", i)} for i in range(40)
+        ]
+        for depth, (message, node) in enumerate(zip(contents, chain_hashes(root, contents), strict=True)):
+            tokens = tokenizer.count_message(message)
+            path_tokens += tokens
+            messages.append(
+                NewMessage(node.hex(), parent, depth, str(message["role"]), message, tokens, path_tokens)
+            )
+            parent = node.hex()
+        conversation_id = await seed.append(AppendRequest("acme", None, None, None, tuple(messages)))
+        job = Job("job-1", "compact", "acme", {"conversation_id": conversation_id, "leaf_id": parent, "model": "m"},
+                  None, 1, datetime.now(UTC))  # fmt: skip
+
+        handlers = []
+        for _ in range(2):  # separate engines, as two gateway processes would have
+            store = SqlStore.open(database_url)
+            upstream = HttpUpstream(
+                "acme", UpstreamConfig(base_url=base_url, api_key="k", http_client="httpx")
+            )
+            target = CompactionTarget(upstream, CompactionConfig(**COMPACTION), recent_tokens=300)
+            handlers.append(
+                CompactHandler(store, SqlSummaryStore(store.engine), tokenizers, lambda _t, t=target: t)
+            )
+        await asyncio.gather(*(handler(job) for handler in handlers))
+        summaries = SqlSummaryStore(seed.engine)
+        globals_ = await summaries.summaries("acme", conversation_id, "global")
+        chunks = await summaries.summaries("acme", conversation_id, "chunk")
+        assert globals_ and len(globals_) == len(chunks)  # one writer's rows, not both
+        assert len({g.node_id for g in globals_}) == len(globals_)
+        assert [d for d, _ in folded(globals_[0].content)] == list(range(globals_[0].depth + 1))
+        assert await summaries.cursor("acme", conversation_id) == (globals_[0].node_id, 1)
+
+    asyncio.run(scenario())
+    assert fake.summary_calls >= 2
