@@ -17,7 +17,9 @@ fake directly, interleaved, so `added` is a side-by-side difference. `gateway` i
 Part 2, tokens. The scenario of seed 002 (system prompt 500 tokens, question 50, answer 250) replayed for
 40 and for 300 turns through a real gateway with an in-process fake upstream that answers 250 tokens:
 input tokens of the last turn and in total, for full replay, a sliding window of the same budget, and the
-gateway at budgets of 4,000 / 8,000 / 16,000 tokens.
+gateway at budgets of 4,000 / 8,000 / 16,000 tokens, without and with compaction. With compaction, the
+tokens of the gateway's own summarisation calls (input counted from the requests the fake received,
+output = the fake's ~800-token summaries) are counted separately and included in "saved".
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ from gateway.adapters.sql.store import SqlStore  # noqa: E402
 from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizer  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.config import parse_config  # noqa: E402
-from gateway.fakes.openai_upstream import FakeUpstream, Reply  # noqa: E402
+from gateway.fakes.openai_upstream import FakeUpstream, Reply, summarisation_answer  # noqa: E402
 from gateway.fakes.server import BackgroundServer  # noqa: E402
+from gateway.ports import JSONObject  # noqa: E402
 from gateway.records import AppendRequest, NewMessage  # noqa: E402
 
 KEY = "sk-bench"
@@ -241,25 +244,44 @@ def overhead_scenario(
             return measure(gateway_url, upstream_url.removesuffix("/v1") + "/v1", bodies, headers)
 
 
-def token_scenario(turns: int, budget: int | None) -> dict[str, int]:
-    """Seed 002's chat: returns last-turn and total input tokens sent upstream."""
-    fake = FakeUpstream(record=True)
+class RealisticSummaries(FakeUpstream):
+    """Summaries of a realistic size (about 800 tokens) instead of the test fake's short lists, so the
+    tokens a summary costs in every prompt, and in every merge call, are counted fairly."""
+
+    def next_reply(self, body: JSONObject) -> Reply:
+        if summarisation_answer(body) is not None:
+            with self._lock:
+                self.summary_calls += 1
+            return Reply(text_of(800, 42))
+        return super().next_reply(body)
+
+
+def wait_idle(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs = httpx.get(f"{url}/healthz").json()["jobs"] or {}
+        if jobs.get("queued", 0) == 0 and jobs.get("running", 0) == 0:
+            return
+        time.sleep(0.02)
+    raise TimeoutError("background jobs did not finish")
+
+
+def token_scenario(turns: int, budget: int | None, compaction: bool = False) -> dict[str, int]:
+    """Seed 002's chat: last-turn and total input tokens sent upstream for the chat itself, and the input
+    and output tokens of the gateway's own summarisation calls."""
+    fake = RealisticSummaries(record=True)
     system = {"role": "system", "content": text_of(500, 1)}
     answers = [text_of(250, 7_000 + t) for t in range(turns)]
     fake.enqueue(*(Reply(a) for a in answers))
     with tempfile.TemporaryDirectory(prefix="bench-tokens-") as tmp, BackgroundServer(fake.app()) as up:
-        context = {"budget_tokens": budget} if budget else {"enabled": False}
+        context: dict[str, Any] = {"budget_tokens": budget} if budget else {"enabled": False}
+        tenant = {"name": "t", "api_keys": [KEY], "upstream": {"base_url": f"{up.url}/v1", "api_key": "k"}}
+        tenant |= {"context": context, "compaction": {"enabled": compaction}}
         config = parse_config(
             {
                 "storage": {"database_url": f"sqlite:///{tmp}/g.db", "data_dir": tmp},
-                "tenants": [
-                    {
-                        "name": "t",
-                        "api_keys": [KEY],
-                        "upstream": {"base_url": f"{up.url}/v1"},
-                        "context": context,
-                    }
-                ],
+                "jobs": {"poll_seconds": 0.05},
+                "tenants": [tenant],
             },
             {},
         )
@@ -274,11 +296,22 @@ def token_scenario(turns: int, budget: int | None) -> dict[str, int]:
                     headers={"Authorization": f"Bearer {KEY}"},
                 )
                 assert response.status_code == 200, response.text
-                sent.append(TOKENIZER.count_messages(fake.last().body["messages"]))  # type: ignore[arg-type]
+                sent.append(TOKENIZER.count_messages(fake.chat_requests()[-1].body["messages"]))  # type: ignore[arg-type]
                 messages.append(
                     {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}
                 )
-    return {"last": sent[-1], "total": sum(sent)}
+                if compaction:
+                    wait_idle(gateway.url)  # the user reads the answer; background work catches up
+        calls = [r.body for r in fake.received if summarisation_answer(r.body) is not None]
+    llm_in = sum(TOKENIZER.count_messages(c["messages"]) for c in calls)  # type: ignore[arg-type]
+    llm_out = len(calls) * TOKENIZER.count(text_of(800, 42))
+    return {
+        "last": sent[-1],
+        "total": sum(sent),
+        "llm_in": llm_in,
+        "llm_out": llm_out,
+        "llm_calls": len(calls),
+    }
 
 
 def sliding_window(turns: int, budget: int) -> dict[str, int]:
@@ -353,19 +386,23 @@ def main() -> None:
         results["growth_ratio"] = ratio
         print(f"growth: p50 at {max(growth):,} stored / p50 at 1,000 stored = {ratio:.2f}x (goal <= 1.5x)")
 
-    print("\nPart 2: input tokens (seed 002: system 500, question 50, answer 250)")
-    print(f"{'turns':>5s} {'strategy':28s} {'last turn':>9s} {'total':>10s} {'saved vs full':>13s}")
+    print("\nPart 2: input tokens (seed 002: system 500, question 50, answer 250; summaries ~800 tokens)")
+    print(
+        f"{'turns':>5s} {'strategy':34s} {'last turn':>9s} {'chat total':>10s} {'LLM in+out':>10s} {'saved':>7s}"
+    )
     for turns in (40, 300) if not args.quick else (40,):
         full = token_scenario(turns, None)
-        rows = [("full replay", full)]
+        rows: list[tuple[str, dict[str, int]]] = [("full replay", full)]
         for budget in (4_000, 8_000, 16_000):
             rows.append((f"sliding window {budget:,}", sliding_window(turns, budget)))
-            rows.append((f"gateway budget {budget:,}", token_scenario(turns, budget)))
+            rows.append((f"gateway window only {budget:,}", token_scenario(turns, budget)))
+            rows.append((f"gateway + compaction {budget:,}", token_scenario(turns, budget, compaction=True)))
         for name, figures in rows:
-            saved = 1 - figures["total"] / full["total"]
+            background = figures.get("llm_in", 0) + figures.get("llm_out", 0)
+            saved = 1 - (figures["total"] + background) / full["total"]
             results["tokens"].append({"turns": turns, "strategy": name, **figures, "saved": saved})
             print(
-                f"{turns:5d} {name:28s} {figures['last']:9,d} {figures['total']:10,d} {saved:12.1%}",
+                f"{turns:5d} {name:34s} {figures['last']:9,d} {figures['total']:10,d} {background:10,d} {saved:6.1%}",
                 flush=True,
             )
 

@@ -49,6 +49,10 @@ class Deps:
 
 def build_upstream(tenant: TenantConfig) -> Upstream:
     if tenant.upstream.is_openai_compatible:
+        if tenant.upstream.http_client == "aiohttp":
+            from gateway.adapters.aiohttp_upstream import AiohttpUpstream
+
+            return AiohttpUpstream(tenant.name, tenant.upstream)
         from gateway.adapters.http_upstream import HttpUpstream
 
         return HttpUpstream(tenant.name, tenant.upstream)
@@ -86,9 +90,7 @@ def build_pipeline(
         sections = [SummarySection(summaries, tenant.compaction.summary_tokens)]
         prepare.append(ContextBuilder(context, tokenizers, catalog, sections))
     if compacts(tenant):
-        policy = CompactionPolicy(
-            context.budget_tokens, context.recent_tokens, tenant.compaction.threshold_tokens
-        )
+        policy = CompactionPolicy.for_tenant(context, tenant.compaction)
     complete: list[CompleteStep] = [PersistStep(store, tokenizers, policy)]
     return ChatPipeline(counters, prepare, complete)
 
@@ -112,7 +114,11 @@ def build_deps(config: GatewayConfig, handlers: Mapping[str, JobHandler] | None 
         for t in config.tenants
     )
     targets = {
-        t.name: CompactionTarget(t.upstream, t.config.compaction, t.config.context.recent_tokens)
+        t.name: CompactionTarget(
+            t.upstream,
+            t.config.compaction,
+            CompactionPolicy.for_tenant(t.config.context, t.config.compaction),
+        )
         for t in tenants.tenants
         if compacts(t.config)
     }

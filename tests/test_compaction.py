@@ -21,11 +21,12 @@ from gateway.adapters.http_upstream import HttpUpstream
 from gateway.adapters.sql.store import SqlStore
 from gateway.adapters.sql.summaries import SqlSummaryStore
 from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
-from gateway.config import CompactionConfig, UpstreamConfig
+from gateway.config import CompactionConfig, ContextConfig, UpstreamConfig
 from gateway.fakes.openai_upstream import FakeUpstream, Reply
 from gateway.fakes.server import BackgroundServer
 from gateway.jobs.compact import CompactHandler, CompactionTarget
 from gateway.pipeline.canonical import chain_hashes, root_hash
+from gateway.pipeline.persist import CompactionPolicy
 from gateway.records import AppendRequest, Job, NewMessage
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant
 
@@ -223,7 +224,9 @@ def test_racing_workers_produce_one_summary(database_url: str, summariser: tuple
             upstream = HttpUpstream(
                 "acme", UpstreamConfig(base_url=base_url, api_key="k", http_client="httpx")
             )
-            target = CompactionTarget(upstream, CompactionConfig(**COMPACTION), recent_tokens=300)
+            compaction = CompactionConfig(**COMPACTION)
+            policy = CompactionPolicy.for_tenant(ContextConfig(**CONTEXT), compaction)
+            target = CompactionTarget(upstream, compaction, policy)
             handlers.append(
                 CompactHandler(store, SqlSummaryStore(store.engine), tokenizers, lambda _t, t=target: t)
             )

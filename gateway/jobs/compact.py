@@ -20,6 +20,7 @@ import orjson
 from gateway.config import CompactionConfig
 from gateway.errors import UpstreamError
 from gateway.jobs.prompts import chunk_request, merge_request, render_message
+from gateway.pipeline.persist import CompactionPolicy
 from gateway.ports import ChatPayload, JSONObject, MessageStore, SummaryStore, Tokenizers, Upstream
 from gateway.records import Job, NewSummary, StoredMessage, StoredNode, Summary
 
@@ -36,7 +37,7 @@ class CompactionTarget:
 
     upstream: Upstream
     config: CompactionConfig
-    recent_tokens: int
+    policy: CompactionPolicy
 
 
 @dataclass(slots=True)
@@ -68,9 +69,9 @@ class CompactHandler:
         base = await self._base_summary(job.tenant, conversation_id, path)
         start = 0 if base is None else next(i for i, m in enumerate(path) if m.node.id == base.node_id) + 1
         base_tokens = 0 if base is None else base.path_tokens
-        end = _fold_end(path, start, path[-1].node.path_tokens - target.recent_tokens)
+        end = _fold_end(path, start, path[-1].node.path_tokens - target.policy.recent_tokens)
         # On demand (force), anything outside the window is folded; otherwise only past the threshold.
-        threshold = 1 if job.payload.get("force") is True else target.config.threshold_tokens
+        threshold = 1 if job.payload.get("force") is True else target.policy.threshold_tokens
         if end < start or path[end].node.path_tokens - base_tokens < threshold:
             return  # not enough outside the window yet (another worker may have compacted already)
         rows = await self._fold(job, target, model, conversation_id, base, path, start, end)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from gateway.config import CompactionConfig, ContextConfig
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.canonical import chain_hashes
 from gateway.ports import JSONObject, MessageStore, Tokenizers
@@ -30,6 +31,15 @@ class CompactionPolicy:
     budget_tokens: int
     recent_tokens: int
     threshold_tokens: int
+
+    @classmethod
+    def for_tenant(cls, context: ContextConfig, compaction: CompactionConfig) -> CompactionPolicy:
+        """The window's share and the threshold scale down with a budget smaller than the allowances,
+        as the builder scales them, so a small budget still gets summaries."""
+        budget = context.budget_tokens
+        scale = min(1.0, budget / (context.recent_tokens + compaction.summary_tokens))
+        recent = int(context.recent_tokens * scale)
+        return cls(budget, recent, min(compaction.threshold_tokens, max(budget // 4, 1)))
 
     def due(self, history_tokens: int, summary_path_tokens: int) -> bool:
         # Only histories that (nearly) overflow the budget need a summary; a chat that fits is sent whole.
