@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -77,6 +78,32 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
         loop="uvloop",
         http="httptools",
     )
+
+
+@main.command()
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), help="YAML config (or $GATEWAY_CONFIG)."
+)
+@click.option("--tenant", required=True, help="Tenant that owns the conversation.")
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for the summary.")
+@click.argument("conversation_id")
+def compact(config_path: str | None, tenant: str, timeout: float, conversation_id: str) -> None:
+    """Summarise a conversation now: fold what left the recent window (e.g. before a hand-off)."""
+    from gateway.ops import compact_now
+
+    try:
+        config = resolve_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
+    try:
+        summary = asyncio.run(compact_now(config, tenant, conversation_id, timeout, click.echo))
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if summary is None:
+        click.echo("Nothing to summarise: everything is still inside the recent window.")
+    else:
+        click.echo(summary)
 
 
 @main.command()

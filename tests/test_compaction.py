@@ -8,6 +8,7 @@ exactly.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -241,3 +242,27 @@ def test_racing_workers_produce_one_summary(database_url: str, summariser: tuple
 
     asyncio.run(scenario())
     assert fake.summary_calls >= 2
+
+
+def test_cli_compacts_a_stored_conversation(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], tmp_path: Any
+) -> None:
+    from click.testing import CliRunner
+
+    from gateway.cli import main
+
+    tenants = [tenant("acme", upstream.base_url, context={"budget_tokens": 100_000, "recent_tokens": 200})]
+    gateway = make_gateway(tenants, jobs={**JOBS, "workers": 0})  # this gateway runs no jobs itself
+    messages: list[Any] = [SYSTEM]
+    headers = play(gateway, messages, "C", range(8))
+    config = tmp_path / "config.json"
+    storage = {"database_url": gateway.config.storage.database_url, "data_dir": str(tmp_path / "data")}
+    config.write_text(json.dumps({"storage": storage, "jobs": JOBS, "tenants": tenants}))
+    result = CliRunner().invoke(
+        main, ["compact", "--config", str(config), "--tenant", "acme", headers["x-conversation-id"]]
+    )
+    assert result.exit_code == 0, result.output
+    assert "compaction queued" in result.output
+    assert folded(result.output)[0] == (0, "C-turn-0")
+    missing = CliRunner().invoke(main, ["compact", "--config", str(config), "--tenant", "acme", "nope"])
+    assert missing.exit_code != 0 and "no conversation 'nope'" in missing.output
