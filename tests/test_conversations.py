@@ -265,7 +265,9 @@ def test_api_rejects_bad_parameters(gateway: Gateway) -> None:
 def test_thin_mode_reads_only_what_the_budget_can_hold(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
-    gateway = make_gateway([tenant("acme", upstream.base_url, context={"budget_tokens": 600})])
+    gateway = make_gateway(
+        [tenant("acme", upstream.base_url, context={"budget_tokens": 600}, compaction={"enabled": False})]
+    )
     client = gateway.client(default_headers={"X-Conversation-Id": "long-thin"})
     for turn in range(40):
         question = {"role": "user", "content": user_turn(turn)}
@@ -292,3 +294,24 @@ def test_pure_proxy_tenant_stores_and_rewrites_nothing(
     assert upstream.fake.last().body["messages"] == messages
     assert "x-conversation-id" not in headers
     assert api(gateway, "/conversations")["data"] == []
+
+
+def test_openwebui_chat_id_names_the_conversation_but_edits_still_branch(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    client = gateway.client(default_headers={"X-OpenWebUI-Chat-Id": "owui-1", "X-OpenWebUI-User-Id": "u-9"})
+    first = [{"role": "user", "content": "Plan a trip to Rome."}]
+    a1 = client.chat.completions.create(model="m", messages=first).choices[0].message.content  # type: ignore[arg-type]
+    client.chat.completions.create(
+        model="m",
+        messages=[*first, {"role": "assistant", "content": a1}, {"role": "user", "content": "In May."}],  # type: ignore[list-item]
+    )
+    # Editing the first message: Open WebUI sends it alone; it must not be appended to the old chat.
+    edited = [{"role": "user", "content": "Plan a trip to Oslo."}]
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=edited)  # type: ignore[arg-type]
+    assert upstream.fake.last().body["messages"] == edited
+    conversation = api(gateway, f"/conversations/{raw.headers['x-conversation-id']}")
+    assert (conversation["external_id"], conversation["user_id"]) == ("owui-1", "u-9")
+    tree = api(gateway, f"/conversations/{conversation['id']}/messages")["data"]
+    roots = sorted(m["message"]["content"] for m in tree if m["parent_id"] is None)
+    assert roots == ["Plan a trip to Oslo.", "Plan a trip to Rome."]

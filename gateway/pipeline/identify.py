@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from gateway.ports import Headers, JSONObject
 
-CONVERSATION_HEADERS = ("x-conversation-id", "x-openwebui-chat-id")
+CONVERSATION_HEADER = "x-conversation-id"
+# Open WebUI always resends the whole history: its chat id names the conversation but never means thin
+# mode (an edited first message, sent alone, must branch from the root, not continue the chat).
+OPENWEBUI_CHAT_HEADER = "x-openwebui-chat-id"
 USER_HEADERS = ("x-user-id", "x-openwebui-user-id")
 PARENT_HEADER = "x-parent-message-id"
 
@@ -16,6 +19,7 @@ class Identity:
     conversation_id: str | None = None
     user_id: str | None = None
     parent_id: str | None = None
+    thin_capable: bool = False  # named by a client that may send only its new turns
 
 
 def _first(headers: dict[str, str], names: tuple[str, ...]) -> str | None:
@@ -37,9 +41,10 @@ def _body_string(body: JSONObject, *path: str) -> str | None:
 
 def explicit_identity(headers: Headers, body: JSONObject) -> Identity:
     by_name = {name.lower(): value for name, value in headers}
+    explicit = _first(by_name, (CONVERSATION_HEADER,)) or _body_string(body, "metadata", "conversation_id")
     return Identity(
-        conversation_id=_first(by_name, CONVERSATION_HEADERS)
-        or _body_string(body, "metadata", "conversation_id"),
+        conversation_id=explicit or _first(by_name, (OPENWEBUI_CHAT_HEADER,)),
+        thin_capable=explicit is not None,
         user_id=_first(by_name, USER_HEADERS)
         or _body_string(body, "user")
         or _body_string(body, "safety_identifier"),

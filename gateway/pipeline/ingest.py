@@ -83,9 +83,13 @@ class IngestStep:
             deepest = _deepest(hashes, nodes)
         conversation_id = lookup.conversation.id if lookup.conversation is not None else None
 
-        thin_parent = ident.parent_id or (
-            lookup.conversation.last_message_id if lookup.conversation else None
-        )
+        # Thin mode: the client named a stored conversation (or a branch point) and sent only new turns.
+        # A client that sends assistant turns sends its history: a miss then means an edited first
+        # message, a new branch from the root, not a continuation.
+        thin_parent = ident.parent_id
+        if thin_parent is None and lookup.conversation is not None and ident.thin_capable:
+            sends_history = any(m.get("role") == "assistant" for m in chain)
+            thin_parent = None if sends_history else lookup.conversation.last_message_id
         if deepest < 0 and self.identity.thin_mode and thin_parent is not None:
             parent = await self._thin(call, state, thin_parent)
             if parent is not None:
