@@ -62,7 +62,7 @@ def test_stream_equals_direct_and_usage_chunk_is_hidden(gateway: Gateway, upstre
     assert "".join(c["choices"][0]["delta"]["content"] or "" for c in got if c["choices"]) == text
     assert all(c["usage"] is None for c in got)
     # The gateway asked the provider for usage on its own, to meter the request.
-    assert upstream.fake.last().body["stream_options"] == {"include_usage": True}
+    assert upstream.fake.last_chat().body["stream_options"] == {"include_usage": True}
 
 
 def test_stream_usage_reaches_a_client_that_asked(gateway: Gateway, upstream: Upstream) -> None:
@@ -139,7 +139,7 @@ def test_unchanged_request_is_forwarded_byte_for_byte(gateway: Gateway, upstream
         headers={"Authorization": "Bearer sk-gw-acme", "Content-Type": "application/json"},
     )
     assert response.status_code == 200
-    assert upstream.fake.last().raw == body
+    assert upstream.fake.last_chat().raw == body
 
 
 def test_response_headers(gateway: Gateway) -> None:

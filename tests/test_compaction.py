@@ -103,7 +103,7 @@ def test_long_conversation_is_compacted_without_gaps_or_overlaps(
     report = api(compacting, f"/requests/{headers['x-gateway-request-id']}")["report"]
     used = report["sections"]["summary"]
     assert used["tokens"] > 0
-    forwarded = upstream.fake.chat_requests()[-1].body["messages"]
+    forwarded = upstream.fake.last_chat().body["messages"]
     assert forwarded[0] == SYSTEM
     assert forwarded[1]["role"] == "system" and "<gateway_context>" in forwarded[1]["content"]
     summary = next(s for s in globals_ if s["id"] == used["summary_id"])
@@ -149,7 +149,7 @@ def test_branches_keep_separate_summaries(compacting: Gateway, upstream: Upstrea
     play(compacting, trunk, "A", range(30))
     branch = trunk[: 1 + 2 * 4]  # share the first four exchanges, then diverge
     play(compacting, branch, "B", range(4, 34))
-    forwarded = upstream.fake.chat_requests()[-1].body["messages"]
+    forwarded = upstream.fake.last_chat().body["messages"]
     injected = forwarded[1]["content"]
     assert "<gateway_context>" in injected
     words = [w for _, w in folded(injected)]

@@ -50,7 +50,7 @@ def test_300_turn_replay_is_bounded_and_stored_once(
         messages.append({"role": "user", "content": user_turn(turn)})
         answer, headers = chat(gateway, messages)
         messages.append({"role": "assistant", "content": answer})
-        forwarded = upstream.fake.last().body["messages"]
+        forwarded = upstream.fake.last_chat().body["messages"]
         sent = TOKENIZER.count_messages(forwarded)
         assert sent <= budget, (turn, sent)
         assert int(headers["x-context-tokens-sent"]) == sent
@@ -116,7 +116,7 @@ def test_thin_mode_supplies_history_from_the_store(gateway: Gateway, upstream: U
     client.chat.completions.create(
         model="m", messages=[SYSTEM, {"role": "user", "content": "Where do I live?"}]
     )
-    assert upstream.fake.last().body["messages"] == [
+    assert upstream.fake.last_chat().body["messages"] == [
         SYSTEM,
         {"role": "user", "content": "I live in Lisbon."},
         {"role": "assistant", "content": "Noted: Lisbon."},
@@ -125,7 +125,7 @@ def test_thin_mode_supplies_history_from_the_store(gateway: Gateway, upstream: U
     raw = client.chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": "And Porto?"}]
     )
-    assert [m["content"] for m in upstream.fake.last().body["messages"]] == [
+    assert [m["content"] for m in upstream.fake.last_chat().body["messages"]] == [
         "I live in Lisbon.", "Noted: Lisbon.", "Where do I live?", "You said Lisbon.", "And Porto?"
     ]  # fmt: skip
     conversation = api(gateway, f"/conversations/{raw.headers['x-conversation-id']}")
@@ -147,7 +147,7 @@ def test_thin_mode_on_an_explicit_branch_point(gateway: Gateway, upstream: Upstr
         default_headers={"X-Conversation-Id": "chat-7", "X-Parent-Message-Id": one.headers["x-message-id"]}
     )
     branch.chat.completions.create(model="m", messages=[{"role": "user", "content": "two, differently"}])
-    assert [m["content"] for m in upstream.fake.last().body["messages"]] == ["one", "two, differently"]
+    assert [m["content"] for m in upstream.fake.last_chat().body["messages"]] == ["one", "two, differently"]
 
 
 def test_tool_exchanges_are_never_split(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> None:
@@ -167,9 +167,10 @@ def test_tool_exchanges_are_never_split(upstream: Upstream, make_gateway: Callab
         upstream.fake.enqueue(Reply("ok"))
         history = [*messages[:end], {"role": "user", "content": "Next?"}]
         chat(gateway, history)
-        forwarded = upstream.fake.last().body["messages"]
+        forwarded = upstream.fake.last_chat().body["messages"]
         assert TOKENIZER.count_messages(forwarded) <= 900
-        assert forwarded[1]["role"] == "user"
+        # After the system prompt (and the gateway's summary block, once there is one) comes a user turn.
+        assert next(m for m in forwarded[1:] if m["role"] != "system")["role"] == "user"
         announced = {c["id"] for m in forwarded if m.get("tool_calls") for c in m["tool_calls"]}
         answered = {m["tool_call_id"] for m in forwarded if m["role"] == "tool"}
         assert announced == answered
@@ -187,7 +188,7 @@ def test_tenants_are_isolated_in_identity_store_and_api(
     assert a.headers["x-conversation-id"] != g.headers["x-conversation-id"]
     # Thin mode in globex never reaches acme's history, though the external id is the same.
     globex.chat.completions.create(model="m", messages=[{"role": "user", "content": "What was it?"}])  # type: ignore[arg-type]
-    forwarded = upstream.fake.last().body["messages"]
+    forwarded = upstream.fake.last_chat().body["messages"]
     assert [m["content"] for m in forwarded] == [
         "Our launch code is 0000.",
         "(fake model) I read 1 messages. You said: Our launch code is 0000.",
@@ -240,7 +241,7 @@ def test_broken_store_still_forwards(gateway: Gateway, upstream: Upstream, tmp_p
     messages = [{"role": "user", "content": "after the store broke"}]
     answer, headers = chat(gateway, messages)
     assert answer.endswith("after the store broke")
-    assert upstream.fake.last().body["messages"] == messages
+    assert upstream.fake.last_chat().body["messages"] == messages
     counters = httpx.get(f"{gateway.server.url}/healthz").json()["counters"]
     assert counters["fail_open"] == 1
     assert "x-conversation-id" not in headers
@@ -272,7 +273,7 @@ def test_thin_mode_reads_only_what_the_budget_can_hold(
     for turn in range(40):
         question = {"role": "user", "content": user_turn(turn)}
         client.chat.completions.create(model="gpt-4o", messages=[SYSTEM, question])  # type: ignore[list-item]
-        forwarded = upstream.fake.last().body["messages"]
+        forwarded = upstream.fake.last_chat().body["messages"]
         assert TOKENIZER.count_messages(forwarded) <= 600
         assert forwarded[0] == SYSTEM and forwarded[-1] == question
         assert forwarded[1]["role"] == "user"
@@ -291,7 +292,7 @@ def test_pure_proxy_tenant_stores_and_rewrites_nothing(
     )
     messages = [{"role": "user", "content": user_turn(n)} for n in range(20)]
     _, headers = chat(gateway, messages)
-    assert upstream.fake.last().body["messages"] == messages
+    assert upstream.fake.last_chat().body["messages"] == messages
     assert "x-conversation-id" not in headers
     assert api(gateway, "/conversations")["data"] == []
 
@@ -309,7 +310,7 @@ def test_openwebui_chat_id_names_the_conversation_but_edits_still_branch(
     # Editing the first message: Open WebUI sends it alone; it must not be appended to the old chat.
     edited = [{"role": "user", "content": "Plan a trip to Oslo."}]
     raw = client.chat.completions.with_raw_response.create(model="m", messages=edited)  # type: ignore[arg-type]
-    assert upstream.fake.last().body["messages"] == edited
+    assert upstream.fake.last_chat().body["messages"] == edited
     conversation = api(gateway, f"/conversations/{raw.headers['x-conversation-id']}")
     assert (conversation["external_id"], conversation["user_id"]) == ("owui-1", "u-9")
     tree = api(gateway, f"/conversations/{conversation['id']}/messages")["data"]

@@ -93,8 +93,16 @@ class FakeUpstream:
             return self.received[-1]
 
     def chat_requests(self) -> list[Received]:
+        """Chat completions from clients, without the gateway's own summarisation calls."""
         with self._lock:
-            return [r for r in self.received if r.path.endswith("/chat/completions")]
+            return [
+                r
+                for r in self.received
+                if r.path.endswith("/chat/completions") and summarisation_answer(r.body) is None
+            ]
+
+    def last_chat(self) -> Received:
+        return self.chat_requests()[-1]
 
     def app(self) -> Starlette:
         return Starlette(
