@@ -26,6 +26,7 @@ from gateway.config import CompactionConfig, ContextConfig, UpstreamConfig
 from gateway.fakes.openai_upstream import FakeUpstream, Reply
 from gateway.fakes.server import BackgroundServer
 from gateway.jobs.compact import CompactHandler, CompactionTarget
+from gateway.jobs.prompts import CONDENSE_MARKER
 from gateway.pipeline.canonical import chain_hashes, root_hash
 from gateway.pipeline.persist import CompactionPolicy
 from gateway.records import AppendRequest, Job, NewMessage
@@ -266,3 +267,24 @@ def test_cli_compacts_a_stored_conversation(
     assert folded(result.output)[0] == (0, "C-turn-0")
     missing = CliRunner().invoke(main, ["compact", "--config", str(config), "--tenant", "acme", "nope"])
     assert missing.exit_code != 0 and "no conversation 'nope'" in missing.output
+
+
+def test_rolling_summary_over_its_allowance_is_rebuilt_from_chunk_summaries(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    # The fake's summaries grow with what they fold, so a small allowance forces recompaction.
+    compaction = {**COMPACTION, "summary_tokens": 120, "chunk_tokens": 200}
+    gateway = make_gateway(
+        [tenant("acme", upstream.base_url, context=CONTEXT, compaction=compaction)], jobs=JOBS
+    )
+    headers = play(gateway, [SYSTEM], "A", range(40))
+    condensed = [
+        r for r in upstream.fake.received if str(r.body["messages"][0]["content"]).startswith(CONDENSE_MARKER)
+    ]
+    assert condensed, "the rolling summary never outgrew its allowance"
+    assert all(
+        len(r.body["messages"][1]["content"]) < 4_000 for r in condensed
+    )  # each call reads a bounded input
+    globals_ = api(gateway, f"/conversations/{headers['x-conversation-id']}/summaries")["global"]
+    for summary in globals_:
+        assert [d for d, _ in folded(summary["content"])] == list(range(summary["depth"] + 1))

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.jobs.prompts import CHUNK_MARKER, MERGE_MARKER
+from gateway.jobs.prompts import CHUNK_MARKER, CONDENSE_MARKER, MERGE_MARKER
 from gateway.ports import JSON, JSONObject
 
 
@@ -217,7 +217,7 @@ def summarisation_answer(body: JSONObject) -> str | None:
     instruction, text = str(system.get("content") or ""), str(user.get("content") or "")
     if instruction.startswith(CHUNK_MARKER):
         entries = [f"#{depth}:{word}" for depth, word in _RENDERED.findall(text)]
-    elif instruction.startswith(MERGE_MARKER):
+    elif instruction.startswith((MERGE_MARKER, CONDENSE_MARKER)):
         entries = [entry for line in _FOLDED.findall(text) for entry in line.split()]
     else:
         return None

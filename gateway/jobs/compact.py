@@ -19,7 +19,7 @@ import orjson
 
 from gateway.config import CompactionConfig
 from gateway.errors import UpstreamError
-from gateway.jobs.prompts import chunk_request, merge_request, render_message
+from gateway.jobs.prompts import chunk_request, condense_request, merge_request, render_message
 from gateway.pipeline.persist import CompactionPolicy
 from gateway.ports import ChatPayload, JSONObject, MessageStore, SummaryStore, Tokenizers, Upstream
 from gateway.records import Job, NewSummary, StoredMessage, StoredNode, Summary
@@ -69,12 +69,20 @@ class CompactHandler:
         base = await self._base_summary(job.tenant, conversation_id, path)
         start = 0 if base is None else next(i for i, m in enumerate(path) if m.node.id == base.node_id) + 1
         base_tokens = 0 if base is None else base.path_tokens
+        base_depth = -1 if base is None else base.depth
         end = _fold_end(path, start, path[-1].node.path_tokens - target.policy.recent_tokens)
         # On demand (force), anything outside the window is folded; otherwise only past the threshold.
         threshold = 1 if job.payload.get("force") is True else target.policy.threshold_tokens
         if end < start or path[end].node.path_tokens - base_tokens < threshold:
             return  # not enough outside the window yet (another worker may have compacted already)
-        rows = await self._fold(job, target, model, conversation_id, base, path, start, end)
+        on_path = {m.node.id for m in path}
+        earlier = [
+            c
+            for c in await self.summaries.summaries(job.tenant, conversation_id, "chunk")
+            if c.node_id in on_path
+        ]
+        chunk_texts = [c.content for c in sorted(earlier, key=lambda c: c.depth) if c.depth <= base_depth]
+        rows = await self._fold(job, target, model, conversation_id, base, path, start, end, chunk_texts)
         if not await self.summaries.save(job.tenant, conversation_id, version, rows):
             log.info("compaction of %s lost a race: another worker moved the cursor first", conversation_id)
 
@@ -98,6 +106,7 @@ class CompactHandler:
         path: list[StoredMessage],
         start: int,
         end: int,
+        chunk_texts: list[str],
     ) -> list[NewSummary]:
         tokenizer = self.tokenizers.for_model(model)
         rows: list[NewSummary] = []
@@ -113,18 +122,49 @@ class CompactHandler:
                 _summary(job.tenant, conversation_id, last, model, "chunk", chunk_text, tokenizer.count(chunk_text),
                          folded, usage, from_node_id=previous_id)
             )  # fmt: skip
+            chunk_texts.append(chunk_text)
             merge_usage = Usage()
+            limit = target.config.summary_tokens
             if state is None:
                 state = chunk_text
             else:
-                request = merge_request(model, state, chunk_text, target.config.summary_tokens)
-                state = await self._complete(target.upstream, request, merge_usage)
+                state = await self._complete(
+                    target.upstream, merge_request(model, state, chunk_text, limit), merge_usage
+                )
+            if tokenizer.count(state) > limit:
+                # Outgrew its allowance: rebuild it from this path's chunk summaries, hierarchically.
+                state = await self._recompact(target, model, list(chunk_texts), merge_usage)
             rows.append(
                 _summary(job.tenant, conversation_id, last, model, "global", state, tokenizer.count(state),
                          last.path_tokens, merge_usage, from_node_id=None)
             )  # fmt: skip
             previous_id = last.id
         return rows
+
+    async def _recompact(self, target: CompactionTarget, model: str, parts: list[str], usage: Usage) -> str:
+        """Condense chunk summaries in batches of at most `chunk_tokens` each, level by level, until one
+        remains: no call reads more than a chunk's worth, however long the conversation."""
+        tokenizer = self.tokenizers.for_model(model)
+        limit = target.config.summary_tokens
+        while True:
+            batches: list[list[str]] = []
+            size = 0
+            for part in parts:
+                cost = tokenizer.count(part)
+                if batches and size + cost <= target.config.chunk_tokens:
+                    batches[-1].append(part)
+                    size += cost
+                else:
+                    batches.append([part])
+                    size = cost
+            if len(batches) == len(parts) > 1:  # every part is big: pair them so each level halves
+                batches = [parts[i : i + 2] for i in range(0, len(parts), 2)]
+            parts = [
+                await self._complete(target.upstream, condense_request(model, b, limit), usage)
+                for b in batches
+            ]
+            if len(parts) == 1:
+                return parts[0]
 
     async def _complete(self, upstream: Upstream, request: JSONObject, usage: Usage) -> str:
         try:

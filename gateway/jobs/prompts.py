@@ -9,6 +9,7 @@ from gateway.ports import JSONObject
 
 CHUNK_MARKER = "[context-gateway:summarize-chunk]"
 MERGE_MARKER = "[context-gateway:merge-summaries]"
+CONDENSE_MARKER = "[context-gateway:condense-summaries]"
 
 TASK_STATE = """Write the result as structured task state, in these sections (leave a section out when empty):
 ## Goal
@@ -30,6 +31,12 @@ MERGE_SYSTEM = f"""{MERGE_MARKER}
 You merge the task state of a conversation so far with the task state of its newest stretch into one
 updated task state. Newer information wins when the two disagree; drop what is no longer true, keep every
 still-relevant key identifier verbatim. Stay under {{limit}} tokens. {TASK_STATE}"""
+
+
+CONDENSE_SYSTEM = f"""{CONDENSE_MARKER}
+You rebuild the task state of a conversation from the summaries of its consecutive stretches, oldest
+first. Later stretches win when they disagree; drop what is no longer true, keep every still-relevant key
+identifier verbatim. Stay under {{limit}} tokens. {TASK_STATE}"""
 
 
 def render_message(depth: int, message: JSONObject, created_at: datetime | None) -> str:
@@ -76,5 +83,17 @@ def merge_request(model: str, earlier: str, newer: str, limit: int) -> JSONObjec
                 "role": "user",
                 "content": f"<earlier_state>\n{earlier}\n</earlier_state>\n\n<newest_stretch>\n{newer}\n</newest_stretch>",
             },
+        ],
+    }
+
+
+def condense_request(model: str, parts: list[str], limit: int) -> JSONObject:
+    body = "\n\n".join(f"<stretch n={n}>\n{part}\n</stretch>" for n, part in enumerate(parts, start=1))
+    return {
+        "model": model,
+        "temperature": 0,
+        "messages": [
+            {"role": "system", "content": CONDENSE_SYSTEM.replace("{limit}", str(limit))},
+            {"role": "user", "content": body},
         ],
     }
