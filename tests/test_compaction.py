@@ -288,3 +288,18 @@ def test_rolling_summary_over_its_allowance_is_rebuilt_from_chunk_summaries(
     globals_ = api(gateway, f"/conversations/{headers['x-conversation-id']}/summaries")["global"]
     for summary in globals_:
         assert [d for d, _ in folded(summary["content"])] == list(range(summary["depth"] + 1))
+
+
+def test_thin_mode_clients_get_the_summary_too(compacting: Gateway, upstream: Upstream) -> None:
+    client = compacting.client(default_headers={"X-Conversation-Id": "thin-compacted"})
+    for n in range(40):
+        client.chat.completions.create(
+            model="gpt-4o", messages=[SYSTEM, {"role": "user", "content": turn_text("T", n)}]
+        )  # type: ignore[list-item]
+        wait_for_jobs(compacting)
+    forwarded = upstream.fake.last_chat().body["messages"]
+    assert forwarded[1]["role"] == "system" and "<gateway_context>" in forwarded[1]["content"]
+    depths = [d for d, _ in folded(forwarded[1]["content"])]
+    assert depths == list(range(len(depths)))
+    first_window_turn = next(m for m in forwarded[2:] if m["role"] == "user")["content"]
+    assert int(first_window_turn.split("-turn-")[1].split()[0]) * 2 >= len(depths)  # nothing sent twice
