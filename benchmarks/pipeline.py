@@ -152,6 +152,8 @@ def config_file(directory: Path, upstream_url: str, **context: Any) -> Path:
                 "api_keys": [KEY],
                 "upstream": {"base_url": upstream_url, "api_key": "sk-x"},
                 "context": context or {"budget_tokens": 16_000},
+                # The request path is measured here; background summaries are measured in part 2.
+                "compaction": {"enabled": False},
             }
         ],
     }
