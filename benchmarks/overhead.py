@@ -10,8 +10,9 @@ Processes, all on 127.0.0.1:
   * the fake OpenAI-compatible upstream, `benchmarks/fake_upstream_server.py` (uvicorn + uvloop + httptools,
     record=False);
   * one gateway per upstream client, started through the real CLI
-    (`python -m gateway serve --config <yaml> --port <p>`) with `upstream.http_client: httpx` and
-    `httpx-aiohttp`, both pointing at that fake (plus, with --prototype, the same app on plain aiohttp);
+    (`python -m gateway serve --config <yaml> --port <p>`) with `upstream.http_client: httpx`,
+    `httpx-aiohttp` and `aiohttp`, all pointing at that fake (plus, with --prototype, the benchmark-only
+    prototype on plain aiohttp);
   * this process, the load generator: raw keep-alive HTTP/1.1 connections with pre-built request bytes and
     the httptools parser (`benchmarks/loadgen.py`), and `wrk` (C, epoll) for throughput when installed.
 
@@ -64,9 +65,9 @@ RESULTS = HERE / "results" / "overhead.json"
 HOST = "127.0.0.1"
 GATEWAY_KEY = "sk-bench-gateway"
 UPSTREAM_KEY = "sk-bench-upstream"
-CLIENTS = ("httpx", "httpx-aiohttp")
+CLIENTS = ("httpx", "httpx-aiohttp", "aiohttp")
 PROTOTYPE = "aiohttp-prototype"
-DEFAULT_CLIENT = "httpx-aiohttp"  # the default of upstream.http_client in gateway/config.py
+DEFAULT_CLIENT = "aiohttp"  # the default of upstream.http_client in gateway/config.py
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 GOALS = {  # design.md §11

@@ -54,7 +54,7 @@ class JobsConfig(_Frozen):
     retry_max_seconds: float = Field(default=300.0, ge=0)
 
 
-HttpClient = Literal["httpx", "httpx-aiohttp"]
+HttpClient = Literal["httpx", "httpx-aiohttp", "aiohttp"]
 
 
 class UpstreamConfig(_Frozen):
@@ -62,7 +62,11 @@ class UpstreamConfig(_Frozen):
     base_url: str | None = None
     api_key: str | None = None
     pass_through_client_key: bool = False
-    http_client: HttpClient = "httpx-aiohttp"
+    http_client: HttpClient = "aiohttp"
+    max_connections: int = Field(default=1000, gt=0)
+    # Below common server idle timeouts (uvicorn 5 s, nginx 75 s): a pooled connection is dropped before
+    # the upstream can close it under us.
+    keepalive_seconds: float = Field(default=4.0, gt=0)
     timeout_seconds: float = Field(default=DEFAULT_TIMEOUT_SECONDS, gt=0)
     connect_timeout_seconds: float = Field(default=DEFAULT_CONNECT_TIMEOUT_SECONDS, gt=0)
     request_stream_usage: bool = True

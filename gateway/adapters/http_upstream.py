@@ -46,7 +46,11 @@ def translate_error(exc: BaseException, base_url: str) -> UpstreamError:
 
 def build_client(config: UpstreamConfig) -> httpx.AsyncClient:
     timeout = httpx.Timeout(config.timeout_seconds, connect=config.connect_timeout_seconds)
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=256, keepalive_expiry=60)
+    limits = httpx.Limits(
+        max_connections=config.max_connections,
+        max_keepalive_connections=min(256, config.max_connections),
+        keepalive_expiry=config.keepalive_seconds,
+    )
     transport: httpx.AsyncBaseTransport
     if config.http_client == "httpx-aiohttp":
         from httpx_aiohttp import AiohttpTransport
