@@ -1,7 +1,9 @@
-"""Upstream adapter for any OpenAI-compatible API: a direct byte pass-through over httpx.
+"""Upstream adapter for any OpenAI-compatible API over httpx: a direct byte pass-through.
 
-The transport is pluggable (`upstream.http_client`): plain httpx, or httpx over aiohttp's connection
-pool, which the overhead benchmark measured faster under concurrency (BENCHMARKS.md).
+Chosen by `upstream.http_client: httpx` (httpx's own pool) or `httpx-aiohttp` (httpx over aiohttp's
+pool). The default is plain aiohttp (`aiohttp_upstream.py`), which the overhead benchmark measured at
+about a third of httpx-aiohttp's CPU per request (BENCHMARKS.md); these remain for comparison and for
+deployments that prefer httpx.
 """
 
 from __future__ import annotations
