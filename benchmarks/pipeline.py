@@ -341,10 +341,22 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--part", type=int, choices=(1, 2), help="run only part 1 (overhead) or 2 (tokens)")
     args = parser.parse_args()
     requests = 60 if args.quick else 300
     results: dict[str, Any] = {"overhead": [], "tokens": []}
+    if args.part != 2:
+        overhead_part(args, requests, results)
+    if args.part != 1:
+        tokens_part(args, results)
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(exist_ok=True)
+    name = "pipeline.json" if args.part is None else f"pipeline-part{args.part}.json"
+    (out / name).write_text(json.dumps(results, indent=2))
+    print(f"\nwritten: {out / name}  (cpu count {os.cpu_count()})")
 
+
+def overhead_part(args: argparse.Namespace, requests: int, results: dict[str, Any]) -> None:
     upstream_port = free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}/v1"
     fake = [
@@ -388,6 +400,8 @@ def main() -> None:
         results["growth_ratio"] = ratio
         print(f"growth: p50 at {max(growth):,} stored / p50 at 1,000 stored = {ratio:.2f}x (goal <= 1.5x)")
 
+
+def tokens_part(args: argparse.Namespace, results: dict[str, Any]) -> None:
     print("\nPart 2: input tokens (seed 002: system 500, question 50, answer 250; summaries ~800 tokens)")
     print(
         f"{'turns':>5s} {'strategy':34s} {'last turn':>9s} {'chat total':>10s} {'LLM in+out':>10s} {'saved':>7s}"
@@ -407,11 +421,6 @@ def main() -> None:
                 f"{turns:5d} {name:34s} {figures['last']:9,d} {figures['total']:10,d} {background:10,d} {saved:6.1%}",
                 flush=True,
             )
-
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "pipeline.json").write_text(json.dumps(results, indent=2))
-    print(f"\nwritten: {out / 'pipeline.json'}  (cpu count {os.cpu_count()})")
 
 
 if __name__ == "__main__":
