@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass
 
 @dataclass(slots=True)
 class Counters:
-    requests: int = 0
     chat_requests: int = 0
     upstream_errors: int = 0
     fail_open: int = 0
