@@ -106,6 +106,9 @@ def build_deps(config: GatewayConfig, handlers: Mapping[str, JobHandler] | None 
     store = SqlStore.open(config.storage.database_url)
     summaries = SqlSummaryStore(store.engine)
     tokenizers = TiktokenTokenizers()
+    # Load both offline encodings now (about a second), not inside the first request that needs one.
+    for model in ("gpt-4o", "gpt-4"):
+        tokenizers.for_model(model)
     catalog = LiteLLMModelCatalog.load()
     tenants = TenantRegistry(
         Tenant(
