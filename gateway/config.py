@@ -41,6 +41,7 @@ class ServerConfig(_Frozen):
 class StorageConfig(_Frozen):
     database_url: str = DEFAULT_DATABASE_URL
     data_dir: str = DEFAULT_DATA_DIR
+    node_cache_size: int = Field(default=100_000, ge=0)
 
 
 class JobsConfig(_Frozen):

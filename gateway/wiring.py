@@ -97,14 +97,17 @@ def build_pipeline(
 
 def build_deps(config: GatewayConfig, handlers: Mapping[str, JobHandler] | None = None) -> Deps:
     """Adapters and pipelines from `config`; `handlers` (job kind -> handler) go to the worker pool."""
+    from gateway.adapters.cached_store import CachedMessageStore
     from gateway.adapters.model_catalog import LiteLLMModelCatalog
     from gateway.adapters.sql.store import SqlStore
     from gateway.adapters.sql.summaries import SqlSummaryStore
     from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
 
     counters = Counters()
-    store = SqlStore.open(config.storage.database_url)
-    summaries = SqlSummaryStore(store.engine)
+    sql = SqlStore.open(config.storage.database_url)
+    summaries = SqlSummaryStore(sql.engine)
+    size = config.storage.node_cache_size
+    store: MessageStore = CachedMessageStore(sql, size) if size else sql
     tokenizers = TiktokenTokenizers()
     # Load both offline encodings now (about a second), not inside the first request that needs one.
     for model in ("gpt-4o", "gpt-4"):
@@ -127,7 +130,7 @@ def build_deps(config: GatewayConfig, handlers: Mapping[str, JobHandler] | None 
     }
     all_handlers: dict[str, JobHandler] = {COMPACT: CompactHandler(store, summaries, tokenizers, targets.get)}
     all_handlers.update(handlers or {})
-    jobs = store.jobs
+    jobs = sql.jobs
     workers = WorkerPool(jobs, all_handlers, config.jobs)
     # Jobs this process enqueues (with the messages that cause them) start without waiting for a poll.
     jobs.add_listener(workers.notify)

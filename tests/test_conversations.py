@@ -316,3 +316,22 @@ def test_openwebui_chat_id_names_the_conversation_but_edits_still_branch(
     tree = api(gateway, f"/conversations/{conversation['id']}/messages")["data"]
     roots = sorted(m["message"]["content"] for m in tree if m["parent_id"] is None)
     assert roots == ["Plan a trip to Oslo.", "Plan a trip to Rome."]
+
+
+def test_two_gateways_sharing_a_database_with_their_own_node_caches(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    storage = {"database_url": f"sqlite:///{tmp_path}/shared.db", "data_dir": str(tmp_path / "data")}
+    tenants = [tenant("acme", upstream.base_url, compaction={"enabled": False})]
+    replicas = [make_gateway(tenants, storage=storage), make_gateway(tenants, storage=storage)]
+    messages: list[Any] = [SYSTEM]
+    conversation_ids = set()
+    for turn in range(12):  # a load balancer alternating between the two replicas
+        messages.append({"role": "user", "content": user_turn(turn)})
+        answer, headers = chat(replicas[turn % 2], messages)
+        messages.append({"role": "assistant", "content": answer})
+        conversation_ids.add(headers["x-conversation-id"])
+    assert len(conversation_ids) == 1
+    tree = api(replicas[0], f"/conversations/{conversation_ids.pop()}/messages")["data"]
+    assert [m["message"] for m in tree] == messages[1:]
+    assert [m["parent_id"] for m in tree[1:]] == [m["id"] for m in tree[:-1]]
