@@ -85,9 +85,12 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
     "--config", "config_path", type=click.Path(dir_okay=False), help="YAML config (or $GATEWAY_CONFIG)."
 )
 @click.option("--tenant", required=True, help="Tenant that owns the conversation.")
+@click.option("--model", default=None, help="Model for the summarisation calls (default: compaction.model).")
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for the summary.")
 @click.argument("conversation_id")
-def compact(config_path: str | None, tenant: str, timeout: float, conversation_id: str) -> None:
+def compact(
+    config_path: str | None, tenant: str, model: str | None, timeout: float, conversation_id: str
+) -> None:
     """Summarise a conversation now: fold what left the recent window (e.g. before a hand-off)."""
     from gateway.ops import compact_now
 
@@ -97,7 +100,7 @@ def compact(config_path: str | None, tenant: str, timeout: float, conversation_i
         raise click.ClickException(str(exc)) from exc
     logging.basicConfig(level="WARNING", format="%(levelname)s %(name)s: %(message)s")
     try:
-        summary = asyncio.run(compact_now(config, tenant, conversation_id, timeout, click.echo))
+        summary = asyncio.run(compact_now(config, tenant, conversation_id, model, timeout, click.echo))
     except LookupError as exc:
         raise click.ClickException(str(exc)) from exc
     if summary is None:

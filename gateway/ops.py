@@ -15,7 +15,12 @@ from gateway.wiring import build_deps
 
 
 async def compact_now(
-    config: GatewayConfig, tenant: str, conversation_id: str, wait_seconds: float, echo: Callable[[str], None]
+    config: GatewayConfig,
+    tenant: str,
+    conversation_id: str,
+    model: str | None,
+    wait_seconds: float,
+    echo: Callable[[str], None],
 ) -> str | None:
     """Queue a forced compaction and run the job workers until it is done; returns the newest summary.
 
@@ -26,10 +31,17 @@ async def compact_now(
         conversation = await deps.store.get_conversation(tenant, conversation_id)
         if conversation is None or conversation.last_message_id is None:
             raise LookupError(f"no conversation {conversation_id!r} with messages for tenant {tenant!r}")
+        tenant_config = next((t for t in config.tenants if t.name == tenant), None)
+        model = model or (tenant_config.compaction.model if tenant_config else None)
+        if not model:
+            raise LookupError(
+                f"no model for the summarisation calls: pass --model or set compaction.model for {tenant!r}"
+            )
         payload: JSONObject = {
             "conversation_id": conversation.id,
             "leaf_id": conversation.last_message_id,
             "force": True,
+            "model": model,
         }
         queued = await deps.jobs.enqueue(
             NewJob(COMPACT, tenant, payload, key=compaction_job_key(conversation.id))

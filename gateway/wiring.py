@@ -68,7 +68,8 @@ def compacts(tenant: TenantConfig) -> bool:
         tenant.store_conversations
         and tenant.context.enabled
         and tenant.compaction.enabled
-        and not (tenant.upstream.pass_through_client_key and tenant.upstream.api_key is None)
+        # With pass-through keys there is no key of the gateway's own to pay for background calls.
+        and not tenant.upstream.pass_through_client_key
     )
 
 

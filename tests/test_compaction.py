@@ -173,14 +173,16 @@ def test_compaction_on_demand_and_summaries_api_scoping(
     headers = play(gateway, messages, "A", range(8))  # fits the budget: no compaction on its own
     conversation_id = headers["x-conversation-id"]
     assert api(gateway, f"/conversations/{conversation_id}/summaries")["global"] == []
-    response = httpx.post(
-        f"{gateway.server.url}/api/conversations/{conversation_id}/compact",
-        headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
-    )
+    url = f"{gateway.server.url}/api/conversations/{conversation_id}/compact"
+    auth = {"Authorization": f"Bearer {GATEWAY_KEY}"}
+    missing_model = httpx.post(url, headers=auth)
+    assert missing_model.status_code == 400 and missing_model.json()["error"]["param"] == "model"
+    response = httpx.post(url, headers=auth, json={"model": "cheap-model"})
     assert response.status_code == 202 and response.json()["queued"] is True
     wait_for_jobs(gateway)
     globals_ = api(gateway, f"/conversations/{conversation_id}/summaries")["global"]
     assert len(globals_) == 1 and folded(globals_[0]["content"])[0] == (0, "A-turn-0")
+    assert globals_[0]["model"] == "cheap-model"
     other = httpx.get(
         f"{gateway.server.url}/api/conversations/{conversation_id}/summaries",
         headers={"Authorization": "Bearer sk-gw-globex"},
@@ -260,12 +262,23 @@ def test_cli_compacts_a_stored_conversation(
     storage = {"database_url": gateway.config.storage.database_url, "data_dir": str(tmp_path / "data")}
     config.write_text(json.dumps({"storage": storage, "jobs": JOBS, "tenants": tenants}))
     result = CliRunner().invoke(
-        main, ["compact", "--config", str(config), "--tenant", "acme", headers["x-conversation-id"]]
+        main,
+        [
+            "compact",
+            "--config",
+            str(config),
+            "--tenant",
+            "acme",
+            "--model",
+            "m",
+            headers["x-conversation-id"],
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "compaction queued" in result.output
     assert folded(result.output)[0] == (0, "C-turn-0")
-    missing = CliRunner().invoke(main, ["compact", "--config", str(config), "--tenant", "acme", "nope"])
+    args = ["compact", "--config", str(config), "--tenant", "acme", "--model", "m", "nope"]
+    missing = CliRunner().invoke(main, args)
     assert missing.exit_code != 0 and "no conversation 'nope'" in missing.output
 
 

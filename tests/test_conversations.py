@@ -335,3 +335,17 @@ def test_two_gateways_sharing_a_database_with_their_own_node_caches(
     tree = api(replicas[0], f"/conversations/{conversation_ids.pop()}/messages")["data"]
     assert [m["message"] for m in tree] == messages[1:]
     assert [m["parent_id"] for m in tree[1:]] == [m["id"] for m in tree[:-1]]
+
+
+def test_thin_client_repeating_its_first_message_continues_the_chat(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    client = gateway.client(default_headers={"X-Conversation-Id": "repeat"})
+    upstream.fake.enqueue(Reply("Chapter one."), Reply("Chapter two."))
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "continue"}])
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "continue"}])
+    assert [m["content"] for m in upstream.fake.last_chat().body["messages"]] == [
+        "continue",
+        "Chapter one.",
+        "continue",
+    ]

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from gateway.errors import InvalidRequest, NotFound
 from gateway.pipeline.persist import COMPACT, compaction_job_key
+from gateway.pipeline.validate import parse_json_object
 from gateway.ports import JSONObject
 from gateway.records import NewJob, StoredMessage
 from gateway.tenants import Caller
@@ -115,10 +116,19 @@ async def compact_conversation(request: Request) -> Response:
     conversation = await deps.store.get_conversation(caller.tenant.name, request.path_params["id"])
     if conversation is None or conversation.last_message_id is None:
         raise NotFound(f"No conversation {request.path_params['id']!r} with messages for this key.")
+    body = parse_json_object(await request.body() or b"{}")
+    model = body.get("model") or caller.tenant.config.compaction.model
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest(
+            "No model for the summarisation calls: set compaction.model for this tenant or send "
+            '{"model": "..."} in the body.',
+            param="model",
+        )
     payload: JSONObject = {
         "conversation_id": conversation.id,
         "leaf_id": conversation.last_message_id,
         "force": True,
+        "model": model,
     }
     job_id = await deps.jobs.enqueue(
         NewJob(COMPACT, caller.tenant.name, payload, key=compaction_job_key(conversation.id))

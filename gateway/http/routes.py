@@ -125,8 +125,9 @@ class Endpoints:
 
         try:
             body = await response.read()
-        except UpstreamError:
+        except UpstreamError as exc:
             deps.counters.upstream_errors += 1
+            await persist(buffered_outcome(exc.status, exc.message.encode()))  # recorded as failed
             raise
         finally:
             await response.close()
@@ -171,6 +172,7 @@ class Endpoints:
             except UpstreamError as exc:
                 deps.counters.upstream_errors += 1
                 log.warning("request %s: upstream failed mid-body: %s", request.scope["request_id"], exc)
+                raise  # abort the connection: a cleanly ended chunked body would look complete
 
         async def on_close(disconnected: bool) -> None:
             await response.close()

@@ -90,7 +90,10 @@ class IngestStep:
         if thin_parent is None and lookup.conversation is not None and ident.thin_capable:
             sends_history = any(m.get("role") == "assistant" for m in chain)
             thin_parent = None if sends_history else lookup.conversation.last_message_id
-        if deepest < 0 and self.identity.thin_mode and thin_parent is not None:
+        # A thin client's new message may equal the conversation's first one ("continue", "yes"): a match
+        # at the root then still means "after the newest message", unless that message is the root.
+        at_root = deepest < 0 or (deepest == 0 and thin_parent != hashes[0])
+        if at_root and self.identity.thin_mode and thin_parent is not None:
             parent = await self._thin(call, state, thin_parent)
             if parent is not None:
                 hashes = [h.hex() for h in chain_hashes(bytes.fromhex(parent.id), chain)]
