@@ -150,3 +150,22 @@ def test_complete_stores_answer_and_request_record(store: SqlStore) -> None:
         assert [m.data["content"] for m in await store.path("acme", answer[0].id)] == ["q", "a"]
 
     asyncio.run(scenario())
+
+
+def test_concurrent_first_requests_naming_one_conversation_create_it_once(store: SqlStore) -> None:
+    async def scenario() -> None:
+        requests = [
+            AppendRequest(
+                "acme",
+                None,
+                "u",
+                "chat-race",
+                tuple(chain({"role": "user", "content": f"m{i}"}, prefix=f"{i}")),
+            )
+            for i in range(6)
+        ]
+        ids = await asyncio.gather(*(store.append(r) for r in requests))
+        assert len(set(ids)) == 1
+        assert len(await store.conversation_messages("acme", ids[0])) == 6
+
+    asyncio.run(scenario())

@@ -27,6 +27,9 @@ from gateway.records import Job, NewSummary, StoredMessage, StoredNode, Summary
 log = logging.getLogger(__name__)
 
 
+MAX_CHUNKS_PER_JOB = 3
+
+
 class CompactionFailed(Exception):
     """A summarisation call failed; the job is retried, the stored summaries are untouched."""
 
@@ -70,7 +73,13 @@ class CompactHandler:
         start = 0 if base is None else next(i for i, m in enumerate(path) if m.node.id == base.node_id) + 1
         base_tokens = 0 if base is None else base.path_tokens
         base_depth = -1 if base is None else base.depth
-        end = _fold_end(path, start, path[-1].node.path_tokens - target.policy.recent_tokens)
+        # Bound one job's work (it must finish within its lease): at most MAX_CHUNKS_PER_JOB chunks; the
+        # next answer queues the rest of a long backlog.
+        limit = min(
+            path[-1].node.path_tokens - target.policy.recent_tokens,
+            base_tokens + MAX_CHUNKS_PER_JOB * target.config.chunk_tokens,
+        )
+        end = _fold_end(path, start, limit)
         # On demand (force), anything outside the window is folded; otherwise only past the threshold.
         threshold = 1 if job.payload.get("force") is True else target.policy.threshold_tokens
         if end < start or path[end].node.path_tokens - base_tokens < threshold:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from gateway.ports import Headers, JSONObject
@@ -20,6 +21,15 @@ class Identity:
     user_id: str | None = None
     parent_id: str | None = None
     thin_capable: bool = False  # named by a client that may send only its new turns
+
+
+MAX_ID_CHARS = 200  # the store's id columns; longer client ids are replaced by their digest
+
+
+def _bounded(value: str | None) -> str | None:
+    if value is None or len(value) <= MAX_ID_CHARS:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
 
 
 def _first(headers: dict[str, str], names: tuple[str, ...]) -> str | None:
@@ -42,7 +52,7 @@ def _body_string(body: JSONObject, *path: str) -> str | None:
 def explicit_identity(headers: Headers, body: JSONObject) -> Identity:
     by_name = {name.lower(): value for name, value in headers}
     explicit = _first(by_name, (CONVERSATION_HEADER,)) or _body_string(body, "metadata", "conversation_id")
-    return Identity(
+    return _bounded_identity(
         conversation_id=explicit or _first(by_name, (OPENWEBUI_CHAT_HEADER,)),
         thin_capable=explicit is not None,
         user_id=_first(by_name, USER_HEADERS)
@@ -51,3 +61,9 @@ def explicit_identity(headers: Headers, body: JSONObject) -> Identity:
         parent_id=by_name.get(PARENT_HEADER, "").strip()
         or _body_string(body, "metadata", "parent_message_id"),
     )
+
+
+def _bounded_identity(
+    *, conversation_id: str | None, thin_capable: bool, user_id: str | None, parent_id: str | None
+) -> Identity:
+    return Identity(_bounded(conversation_id), _bounded(user_id), _bounded(parent_id), thin_capable)

@@ -160,6 +160,12 @@ class SqlStore:
         self._limiter = anyio.CapacityLimiter(threads)
         self.jobs = SqlJobQueue(engine)  # shares the engine: jobs commit with the messages that cause them
         dialect_insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
+        # Two first requests naming the same conversation at once create it once.
+        self._insert_conversation = (
+            dialect_insert(_CONVERSATIONS)
+            .on_conflict_do_nothing(index_elements=["tenant", "external_id"])
+            .returning(_CONVERSATIONS.c.id)
+        )
         self._insert_messages = (
             dialect_insert(_MESSAGES).on_conflict_do_nothing(index_elements=["id"]).returning(_MESSAGES.c.id)
         )
@@ -226,8 +232,8 @@ class SqlStore:
         conversation_id = request.conversation_id
         if conversation_id is None:
             conversation_id = uuid.uuid4().hex
-            connection.execute(
-                insert(_CONVERSATIONS),
+            created = connection.execute(
+                self._insert_conversation,
                 {
                     "id": conversation_id,
                     "tenant": request.tenant,
@@ -240,6 +246,10 @@ class SqlStore:
                     "updated_at": now,
                 },
             )
+            if created.first() is None and request.external_id is not None:
+                # Another request created this named conversation first: join it.
+                by_external = {"tenant": request.tenant, "external_id": request.external_id}
+                conversation_id = connection.execute(_CONVERSATION_BY_EXTERNAL, by_external).first()[0]  # type: ignore[index]
         enqueue_in(connection, request.jobs)
         if not request.messages:
             return conversation_id

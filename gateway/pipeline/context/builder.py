@@ -62,7 +62,8 @@ class ContextBuilder:
         carry = 0
         injected: list[tuple[str, Proposal]] = []
         for section in self.sections:
-            allowance = min(int(section.allowance * scale) + carry, spare)
+            # Its own scaled share plus what higher sections left; never the window's reserved share.
+            allowance = max(min(int(section.allowance * scale) + carry, spare), 0)
             proposal = await section.propose(build, allowance)
             used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
             if used:
