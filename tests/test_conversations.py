@@ -349,3 +349,48 @@ def test_thin_client_repeating_its_first_message_continues_the_chat(
         "Chapter one.",
         "continue",
     ]
+
+
+def test_a_long_agent_loop_is_cut_by_whole_steps(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, context={"budget_tokens": 900})])
+    question = {"role": "user", "content": "Find every failing test and fix it."}
+    messages: list[Any] = [SYSTEM, question]
+    for step in range(30):  # one question, then a tool loop with no user turn in between
+        call_id = f"call_{step}"
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": "run", "arguments": f'{{"step": {step}}}'}}
+            ]},
+            {"role": "tool", "tool_call_id": call_id, "content": f"step {step} output " + "log " * 40},
+        ]  # fmt: skip
+    upstream.fake.enqueue(Reply("done"))
+    _, headers = chat(gateway, messages)
+    forwarded = upstream.fake.last_chat().body["messages"]
+    assert TOKENIZER.count_messages(forwarded) <= 900
+    assert forwarded[:2] == [SYSTEM, question]
+    assert forwarded[-2:] == messages[-2:]  # the newest step is kept
+    announced = [c["id"] for m in forwarded if m.get("tool_calls") for c in m["tool_calls"]]
+    answered = [m["tool_call_id"] for m in forwarded if m["role"] == "tool"]
+    assert announced == answered and len(announced) < 30
+    report = api(gateway, f"/requests/{headers['x-gateway-request-id']}")["report"]
+    assert report["sections"]["current"]["trimmed_messages"] == 2 * (30 - len(announced))
+
+
+def test_system_prompt_in_the_chain_is_counted_and_kept(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    long_system = {"role": "system", "content": "Rules: " + "be exact and cite sources. " * 60}
+    gateway = make_gateway(
+        [tenant("acme", upstream.base_url, context={"budget_tokens": 1500}, identity={"system_in_chain": True},
+                compaction={"enabled": False})]
+    )  # fmt: skip
+    messages: list[Any] = [long_system]
+    for turn in range(60):
+        messages.append({"role": "user", "content": user_turn(turn)})
+        answer, _ = chat(gateway, messages)
+        messages.append({"role": "assistant", "content": answer})
+        forwarded = upstream.fake.last_chat().body["messages"]
+        assert forwarded[0] == long_system
+        assert TOKENIZER.count_messages(forwarded) <= 1500, turn

@@ -16,7 +16,7 @@ import orjson
 from gateway.config import ContextConfig
 from gateway.pipeline.call import ChatCall, HistoryItem
 from gateway.pipeline.context.budget import Budget, compute_budget
-from gateway.pipeline.context.exchanges import split_current
+from gateway.pipeline.context.exchanges import split_current, trim_current
 from gateway.pipeline.context.section import BuildInput, Proposal, Section
 from gateway.pipeline.context.window import RecentWindow
 from gateway.ports import ChatPayload, JSONObject, ModelCatalog, Tokenizers
@@ -51,9 +51,15 @@ class ContextBuilder:
             return payload
 
         leading = _leading_system(state.items)
+        for item in state.items[:leading]:
+            if item.tokens is None:  # a stored system prompt whose count was not read: it is sent
+                item.tokens = tokenizer.count_message(item.message)
         history, current = split_current(state.items[leading:])
+        system_tokens = known_tokens(state.items[:leading])
+        # A long agent loop after the last question is cut by whole steps (call + results) too.
+        current, trimmed = trim_current(current, budget.input_tokens - system_tokens - fixed_extra)
         build = BuildInput(call, tokenizer, state.items[:leading], history, current)
-        system_tokens, current_tokens = known_tokens(build.system), known_tokens(current)
+        current_tokens = known_tokens(current)
         available = max(budget.input_tokens - system_tokens - current_tokens - fixed_extra, 0)
 
         window = RecentWindow(self.config.recent_tokens)
@@ -94,6 +100,8 @@ class ContextBuilder:
             "window": {"tokens": window_proposal.tokens, **window_proposal.detail},
             "current": {
                 "tokens": current_tokens,
+                "trimmed_messages": len(trimmed),
+                "trimmed_tokens": known_tokens(trimmed),
                 "message_ids": [i.node_id for i in current if i.node_id is not None],
             },
         }

@@ -23,3 +23,28 @@ def group_exchanges(items: list[HistoryItem]) -> list[list[HistoryItem]]:
         else:
             exchanges[-1].append(item)
     return exchanges
+
+
+def trim_current(current: list[HistoryItem], room: int) -> tuple[list[HistoryItem], list[HistoryItem]]:
+    """Fit an agent loop (the user message, then assistant tool calls each followed by their results)
+    into `room` tokens: the oldest whole steps go first, the question and the newest step always stay.
+    Returns (kept, dropped)."""
+    if not current or sum(item.tokens or 0 for item in current) <= room:
+        return current, []
+    head, rest = current[:1], current[1:]
+    steps: list[list[HistoryItem]] = []
+    for item in rest:
+        if item.message.get("role") == "tool" and steps:
+            steps[-1].append(item)  # a result stays with the call that asked for it
+        else:
+            steps.append([item])
+    kept: list[list[HistoryItem]] = []
+    used = sum(item.tokens or 0 for item in head)
+    for step in reversed(steps):
+        cost = sum(item.tokens or 0 for item in step)
+        if kept and used + cost > room:
+            break
+        kept.insert(0, step)
+        used += cost
+    dropped_steps = steps[: len(steps) - len(kept)]
+    return head + [i for s in kept for i in s], [i for s in dropped_steps for i in s]
