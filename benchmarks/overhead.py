@@ -2,7 +2,6 @@
 
     python benchmarks/overhead.py              # full run, 5-7 minutes
     python benchmarks/overhead.py --quick      # smoke run, under a minute
-    python benchmarks/overhead.py --prototype  # also measure benchmarks/prototype_aiohttp_gateway.py
     python benchmarks/overhead.py --gateway-ref HEAD   # measure a commit's gateway/ (git archive), not the
                                                        # working tree
 
@@ -11,8 +10,7 @@ Processes, all on 127.0.0.1:
     record=False);
   * one gateway per upstream client, started through the real CLI
     (`python -m gateway serve --config <yaml> --port <p>`) with `upstream.http_client: httpx`,
-    `httpx-aiohttp` and `aiohttp`, all pointing at that fake (plus, with --prototype, the benchmark-only
-    prototype on plain aiohttp);
+    `httpx-aiohttp` and `aiohttp`, all pointing at that fake;
   * this process, the load generator: raw keep-alive HTTP/1.1 connections with pre-built request bytes and
     the httptools parser (`benchmarks/loadgen.py`), and `wrk` (C, epoll) for throughput when installed.
 
@@ -66,7 +64,6 @@ HOST = "127.0.0.1"
 GATEWAY_KEY = "sk-bench-gateway"
 UPSTREAM_KEY = "sk-bench-upstream"
 CLIENTS = ("httpx", "httpx-aiohttp", "aiohttp")
-PROTOTYPE = "aiohttp-prototype"
 DEFAULT_CLIENT = "aiohttp"  # the default of upstream.http_client in gateway/config.py
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -92,7 +89,6 @@ class Settings:
     stream_levels: tuple[int, ...]
     chunk_delay: float
     stream_clients: tuple[str, ...]
-    prototype: bool
     settle_seconds: float
     phase_seconds: float
 
@@ -112,7 +108,6 @@ class Settings:
                 stream_levels=(1000,),
                 chunk_delay=args.chunk_delay or 0.5,
                 stream_clients=(DEFAULT_CLIENT,),
-                prototype=args.prototype,
                 settle_seconds=1.0,
                 phase_seconds=6.0,
             )
@@ -127,8 +122,7 @@ class Settings:
             generators=(*wrk, "python"),
             stream_levels=(1000, 1500),
             chunk_delay=args.chunk_delay or 0.5,
-            stream_clients=(*CLIENTS, PROTOTYPE) if args.prototype else CLIENTS,
-            prototype=args.prototype,
+            stream_clients=CLIENTS,
             settle_seconds=15.0,
             phase_seconds=60.0,
         )
@@ -376,7 +370,7 @@ async def settle(meter: CpuMeter, label: str, max_wait: float, threshold: float 
 
 @dataclass(frozen=True)
 class Target:
-    name: str  # "direct", a gateway's http_client, or the prototype
+    name: str  # "direct" or a gateway's http_client
     port: int
     key: str
 
@@ -843,7 +837,7 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     conc = results["concurrency"]
     primary = conc[conc["primary"]]
-    names = [*CLIENTS, PROTOTYPE] if results["settings"]["prototype"] else list(CLIENTS)
+    names = list(CLIENTS)
     for client in names:
         seq = results["latency_1conn"][client]["added"]
         ttft = results["ttft_1conn"][client]["added"]
@@ -970,27 +964,11 @@ async def run(
         workdir,
     )
     gateways: dict[str, Child] = {}
-    for client in (*CLIENTS, PROTOTYPE) if settings.prototype else CLIENTS:
+    for client in CLIENTS:
         config = workdir / f"gateway-{client}.yaml"
-        config.write_text(
-            json.dumps(
-                gateway_config(
-                    fake_port, DEFAULT_CLIENT if client == PROTOTYPE else client, workdir, under_test
-                )
-            )
-        )  # JSON is YAML
+        config.write_text(json.dumps(gateway_config(fake_port, client, workdir, under_test)))  # JSON is YAML
         port = free_port()
-        if client == PROTOTYPE:
-            argv = [
-                python,
-                str(HERE / "prototype_aiohttp_gateway.py"),
-                "--config",
-                str(config),
-                "--port",
-                str(port),
-            ]
-        else:
-            argv = [python, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+        argv = [python, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
         gateways[client] = children.start(client, port, argv, workdir)
     wait_ready(fake, "/v1/models")
     for child in gateways.values():
@@ -1068,9 +1046,6 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="short smoke run (under a minute)")
-    parser.add_argument(
-        "--prototype", action="store_true", help="also run benchmarks/prototype_aiohttp_gateway.py"
-    )
     parser.add_argument(
         "--chunk-delay",
         type=float,
