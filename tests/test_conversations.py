@@ -394,3 +394,20 @@ def test_system_prompt_in_the_chain_is_counted_and_kept(
         forwarded = upstream.fake.last_chat().body["messages"]
         assert forwarded[0] == long_system
         assert TOKENIZER.count_messages(forwarded) <= 1500, turn
+
+
+def test_a_branch_point_in_another_conversation_decides_the_conversation(
+    gateway: Gateway, upstream: Upstream
+) -> None:
+    first = gateway.client(default_headers={"X-Conversation-Id": "conv-a"})
+    raw = first.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "in A"}]
+    )
+    other = gateway.client(
+        default_headers={"X-Conversation-Id": "conv-b", "X-Parent-Message-Id": raw.headers["x-message-id"]}
+    )
+    branched = other.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "continue A"}]
+    )
+    assert branched.headers["x-conversation-id"] == raw.headers["x-conversation-id"]
+    assert [m["content"] for m in upstream.fake.last_chat().body["messages"]] == ["in A", "continue A"]

@@ -66,6 +66,7 @@ def encoding_name(model: str) -> str:
 
 _CACHE_MIN_CHARS = 512  # long texts recur on every call (system prompts, pasted documents)
 _CACHE_SIZE = 2048
+_MAX_MODEL_NAMES = 1024
 
 
 class TiktokenTokenizer:
@@ -144,5 +145,7 @@ class TiktokenTokenizers:
             tokenizer = self._by_encoding.get(name)
             if tokenizer is None:
                 tokenizer = self._by_encoding[name] = TiktokenTokenizer(load_encoding(name))
+            if len(self._by_model) >= _MAX_MODEL_NAMES:
+                self._by_model.clear()  # model names come from clients: keep the map bounded
             self._by_model[model] = tokenizer
         return tokenizer

@@ -98,6 +98,8 @@ class IngestStep:
             if parent is not None:
                 hashes = [h.hex() for h in chain_hashes(bytes.fromhex(parent.id), chain)]
                 new, depth, base_tokens = chain, parent.depth + 1, parent.path_tokens
+                # The branch point decides: new messages join the conversation their parent is in.
+                conversation_id = parent.conversation_id
             else:
                 parent, new, depth, base_tokens = None, chain, 0, 0
         else:
