@@ -53,6 +53,7 @@ class JobsConfig(_Frozen):
     max_attempts: int = Field(default=5, ge=1)
     retry_base_seconds: float = Field(default=2.0, ge=0)
     retry_max_seconds: float = Field(default=300.0, ge=0)
+    keep_done_seconds: float = Field(default=86_400.0, ge=0)
 
 
 HttpClient = Literal["httpx", "httpx-aiohttp", "aiohttp"]

@@ -160,6 +160,10 @@ class JobQueue(Protocol):
         """Jobs per status (queued, running, done, failed)."""
         ...
 
+    async def prune(self, done_for_seconds: float) -> int:
+        """Delete jobs done longer ago than that; failed jobs stay for inspection. Returns how many."""
+        ...
+
 
 class SummaryStore(Protocol):
     """Rolling summaries keyed by the node they cover up to, and each conversation's compaction cursor."""

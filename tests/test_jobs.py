@@ -408,3 +408,19 @@ def test_the_app_runs_registered_handlers_and_reports_jobs_on_healthz(database_u
     assert health["workers"] == {"count": 1, "done": 1, "retried": 0, "failed": 0, "lost": 0}
     assert handler.payloads == [7]
     asyncio.run(deps.aclose())
+
+
+def test_done_jobs_are_pruned_after_their_retention(database_url: str) -> None:
+    async def scenario() -> None:
+        async with opened(database_url) as queue:
+            for n in range(3):
+                await queue.enqueue(NewJob("embed", "acme", {"n": n}))
+            leased = await queue.lease("w1", ["embed"], 5, limit=2)
+            for job in leased:
+                assert await queue.complete(job, "w1")
+            assert await queue.prune(3600) == 0  # done just now: kept for an hour
+            await asyncio.sleep(0.2)
+            assert await queue.prune(0.1) == 2
+            assert await queue.counts() == {"queued": 1, "running": 0, "done": 0, "failed": 0}
+
+    run(scenario)

@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -52,6 +53,9 @@ class WorkerStats:
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
+
+
+PRUNE_EVERY_SECONDS = 300.0
 
 
 class WorkerPool:
@@ -138,7 +142,16 @@ class WorkerPool:
             log.error("%s stopped by an unexpected error", task.get_name(), exc_info=error)
 
     async def _loop(self, worker: str, wake: asyncio.Event) -> None:
+        pruned_at = 0.0
         while not self._stopping:
+            # One loop per process keeps the table from growing with every job ever run.
+            prunes = worker == self.worker_ids[0] and self.config.keep_done_seconds > 0
+            if prunes and time.monotonic() - pruned_at >= PRUNE_EVERY_SECONDS:
+                pruned_at = time.monotonic()
+                try:
+                    await self.queue.prune(self.config.keep_done_seconds)
+                except StoreError:
+                    log.warning("job worker %s: pruning done jobs failed", worker, exc_info=True)
             # Cleared before leasing: a notify() arriving during the lease is kept for the wait below.
             wake.clear()
             try:

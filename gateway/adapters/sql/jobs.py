@@ -28,6 +28,7 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
+    delete,
     func,
     or_,
     select,
@@ -304,6 +305,16 @@ class SqlJobQueue:
                     rows = connection.execute(self._statements.tenant_counts, {"tenant": tenant})
                 counts.update({row[0]: int(row[1]) for row in rows})
             return counts
+
+        return await self._run(run)
+
+    async def prune(self, done_for_seconds: float) -> int:
+        cutoff = utcnow() - timedelta(seconds=done_for_seconds)
+
+        def run() -> int:
+            statement = delete(_JOBS).where(_JOBS.c.status == "done", _JOBS.c.updated_at < cutoff)
+            with self.engine.begin() as connection:
+                return int(connection.execute(statement).rowcount)
 
         return await self._run(run)
 
