@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import aiohttp
-import orjson
 from aiohttp.http import RawResponseMessage
 
+from gateway.adapters.openai_wire import chat_request, forward_url, with_auth
 from gateway.config import UpstreamConfig
 from gateway.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
 from gateway.ports import ChatPayload, Headers, UpstreamResponse
@@ -101,23 +101,12 @@ class AiohttpUpstream:
             )
         return self._session
 
-    def _auth_headers(self, headers: Headers, client_key: str | None) -> Headers:
-        key = client_key if self._config.pass_through_client_key else self._config.api_key
-        if key:
-            return [*headers, ("authorization", f"Bearer {key}")]
-        return headers
-
     async def chat_completions(
         self, payload: ChatPayload, headers: Headers, client_key: str | None
     ) -> UpstreamResponse:
-        content = payload.raw if payload.raw is not None else orjson.dumps(payload.data)
-        out_headers = self._auth_headers(
-            [*headers, ("content-type", "application/json"), ("accept-encoding", "identity")], client_key
-        )
+        url, sent, content = chat_request(self._config, payload, headers, client_key)
         # The pipeline reads chat bodies, so they are decoded should the upstream ignore "identity".
-        return await self._send(
-            "POST", f"{self._base_url}/chat/completions", out_headers, content, decompress=True
-        )
+        return await self._send("POST", url, sent, content, decompress=True)
 
     async def forward(
         self,
@@ -128,8 +117,10 @@ class AiohttpUpstream:
         body: AsyncIterator[bytes] | bytes,
         client_key: str | None,
     ) -> UpstreamResponse:
-        url = f"{self._base_url}{path}" + (f"?{query}" if query else "")
-        return await self._send(method, url, self._auth_headers(headers, client_key), body, decompress=False)
+        url = forward_url(self._config, path, query)
+        return await self._send(
+            method, url, with_auth(self._config, headers, client_key), body, decompress=False
+        )
 
     async def _send(
         self,

@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
-import orjson
 
+from gateway.adapters.openai_wire import chat_request, forward_url, with_auth
 from gateway.config import UpstreamConfig
 from gateway.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
 from gateway.ports import ChatPayload, Headers, UpstreamResponse
@@ -73,20 +73,11 @@ class HttpUpstream:
         self._base_url = config.base_url
         self._client = client if client is not None else build_client(config)
 
-    def _auth_headers(self, headers: Headers, client_key: str | None) -> Headers:
-        key = client_key if self._config.pass_through_client_key else self._config.api_key
-        if key:
-            return [*headers, ("authorization", f"Bearer {key}")]
-        return headers
-
     async def chat_completions(
         self, payload: ChatPayload, headers: Headers, client_key: str | None
     ) -> UpstreamResponse:
-        content = payload.raw if payload.raw is not None else orjson.dumps(payload.data)
-        out_headers = self._auth_headers(
-            [*headers, ("content-type", "application/json"), ("accept-encoding", "identity")], client_key
-        )
-        return await self._send("POST", f"{self._base_url}/chat/completions", out_headers, content, raw=False)
+        url, sent, content = chat_request(self._config, payload, headers, client_key)
+        return await self._send("POST", url, sent, content, raw=False)
 
     async def forward(
         self,
@@ -97,8 +88,8 @@ class HttpUpstream:
         body: AsyncIterator[bytes] | bytes,
         client_key: str | None,
     ) -> UpstreamResponse:
-        url = f"{self._base_url}{path}" + (f"?{query}" if query else "")
-        return await self._send(method, url, self._auth_headers(headers, client_key), body, raw=True)
+        url = forward_url(self._config, path, query)
+        return await self._send(method, url, with_auth(self._config, headers, client_key), body, raw=True)
 
     async def _send(
         self, method: str, url: str, headers: Headers, content: AsyncIterator[bytes] | bytes, *, raw: bool

@@ -23,7 +23,7 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.pipeline.persist import COMPACT, compaction_job_key
 from gateway.pipeline.validate import parse_json_object
 from gateway.ports import JSONObject
-from gateway.records import NewJob, StoredMessage
+from gateway.records import Conversation, NewJob, StoredMessage
 from gateway.tenants import Caller
 from gateway.wiring import Deps
 
@@ -57,6 +57,14 @@ def _message(message: StoredMessage) -> dict[str, object]:
     }
 
 
+async def _conversation(deps: Deps, caller: Caller, request: Request) -> Conversation:
+    """The conversation named in the path, only if it belongs to the caller's tenant."""
+    conversation = await deps.store.get_conversation(caller.tenant.name, request.path_params["id"])
+    if conversation is None:
+        raise NotFound(f"No conversation {request.path_params['id']!r} for this key.")
+    return conversation
+
+
 async def list_conversations(request: Request) -> Response:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
@@ -72,19 +80,15 @@ async def list_conversations(request: Request) -> Response:
 async def get_conversation(request: Request) -> Response:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
-    conversation = await deps.store.get_conversation(caller.tenant.name, request.path_params["id"])
-    if conversation is None:
-        raise NotFound(f"No conversation {request.path_params['id']!r} for this key.")
+    conversation = await _conversation(deps, caller, request)
     return _json(asdict(conversation))
 
 
 async def conversation_messages(request: Request) -> Response:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
-    conversation_id = request.path_params["id"]
-    if await deps.store.get_conversation(caller.tenant.name, conversation_id) is None:
-        raise NotFound(f"No conversation {conversation_id!r} for this key.")
-    messages = await deps.store.conversation_messages(caller.tenant.name, conversation_id)
+    conversation = await _conversation(deps, caller, request)
+    messages = await deps.store.conversation_messages(caller.tenant.name, conversation.id)
     return _json({"object": "list", "data": [_message(m) for m in messages]})
 
 
@@ -100,9 +104,7 @@ async def conversation_path(request: Request) -> Response:
 async def conversation_summaries(request: Request) -> Response:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
-    conversation = await deps.store.get_conversation(caller.tenant.name, request.path_params["id"])
-    if conversation is None:
-        raise NotFound(f"No conversation {request.path_params['id']!r} for this key.")
+    conversation = await _conversation(deps, caller, request)
     data = {
         level: [asdict(s) for s in await deps.summaries.summaries(caller.tenant.name, conversation.id, level)]
         for level in ("global", "chunk")
@@ -113,9 +115,9 @@ async def conversation_summaries(request: Request) -> Response:
 async def compact_conversation(request: Request) -> Response:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
-    conversation = await deps.store.get_conversation(caller.tenant.name, request.path_params["id"])
-    if conversation is None or conversation.last_message_id is None:
-        raise NotFound(f"No conversation {request.path_params['id']!r} with messages for this key.")
+    conversation = await _conversation(deps, caller, request)
+    if conversation.last_message_id is None:
+        raise NotFound(f"Conversation {conversation.id!r} has no messages.")
     body = parse_json_object(await request.body() or b"{}")
     model = body.get("model") or caller.tenant.config.compaction.model
     if not isinstance(model, str) or not model:
