@@ -42,6 +42,19 @@ class StorageConfig(_Frozen):
     database_url: str = DEFAULT_DATABASE_URL
     data_dir: str = DEFAULT_DATA_DIR
     node_cache_size: int = Field(default=100_000, ge=0)
+    # LanceDB location (vectors + full-text index): a directory or an object-store URI; None: data_dir/lancedb.
+    index_uri: str | None = None
+
+    @property
+    def index_location(self) -> str:
+        return self.index_uri or str(Path(self.data_dir) / "lancedb")
+
+
+class LocalEmbedderConfig(_Frozen):
+    """The built-in ONNX embedder, shared by every tenant that uses it."""
+
+    threads: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=16, ge=1)
 
 
 class JobsConfig(_Frozen):
@@ -116,6 +129,31 @@ class CompactionConfig(_Frozen):
     summary_tokens: int = Field(default=2_000, gt=0)
 
 
+class EmbedderConfig(_Frozen):
+    # "local": the built-in ONNX model; "upstream": the tenant upstream's /v1/embeddings with `model`.
+    provider: Literal["local", "upstream"] = "local"
+    model: str | None = None
+    dimensions: int | None = Field(default=None, gt=0)
+    batch_size: int = Field(default=64, ge=1)
+
+    @model_validator(mode="after")
+    def _upstream_needs_model(self) -> EmbedderConfig:
+        if self.provider == "upstream" and (self.model is None or self.dimensions is None):
+            raise ValueError("provider 'upstream' needs model and dimensions")
+        return self
+
+
+class RetrievalConfig(_Frozen):
+    enabled: bool = True
+    embedder: EmbedderConfig = EmbedderConfig()
+    allowance_tokens: int = Field(default=3_000, gt=0)
+    # The allowance when the question asks about the past (or names a time): retrieval moves up.
+    recall_allowance_tokens: int = Field(default=9_000, gt=0)
+    neighbours: int = Field(default=1, ge=0)
+    candidates: int = Field(default=40, ge=1)
+    other_conversations: bool = False
+
+
 class TenantConfig(_Frozen):
     name: str = Field(min_length=1)
     api_keys: tuple[str, ...] = ()
@@ -124,12 +162,23 @@ class TenantConfig(_Frozen):
     context: ContextConfig = ContextConfig()
     identity: IdentityConfig = IdentityConfig()
     compaction: CompactionConfig = CompactionConfig()
+    retrieval: RetrievalConfig = RetrievalConfig()
 
     @model_validator(mode="after")
     def _keys_or_pass_through(self) -> TenantConfig:
         if not self.api_keys and not self.upstream.pass_through_client_key:
             raise ValueError(
                 "api_keys is empty: give at least one gateway key, or set upstream.pass_through_client_key"
+            )
+        retrieval = self.retrieval
+        if (
+            retrieval.enabled
+            and retrieval.embedder.provider == "upstream"
+            and self.upstream.pass_through_client_key
+        ):
+            raise ValueError(
+                "retrieval.embedder.provider 'upstream' needs a key of the gateway's own for background "
+                "embedding calls; with upstream.pass_through_client_key use provider 'local'"
             )
         return self
 
@@ -142,6 +191,7 @@ class GatewayConfig(_Frozen):
     server: ServerConfig = ServerConfig()
     storage: StorageConfig = StorageConfig()
     jobs: JobsConfig = JobsConfig()
+    embeddings: LocalEmbedderConfig = LocalEmbedderConfig()
     tenants: tuple[TenantConfig, ...] = Field(min_length=1)
 
     @model_validator(mode="after")

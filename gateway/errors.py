@@ -9,6 +9,8 @@
     │   ├── PayloadTooLarge          413: body over `server.max_body_bytes`
     │   └── NotSupported             501: the tenant's provider cannot serve this endpoint
     ├── StoreError                   the database failed (the request path fails open around it)
+    │   └── SearchIndexError         the vector / full-text index (LanceDB) failed
+    ├── EmbeddingError               the embedder failed (local model or a provider's /v1/embeddings)
     └── UpstreamError                the provider could not be reached or failed (5xx)
         ├── UpstreamUnreachable      502: connection refused, DNS, TLS, protocol errors
         └── UpstreamTimeout          504: connect or read timed out
@@ -71,6 +73,15 @@ class NotSupported(ClientError):
 class StoreError(GatewayError):
     status = 503
     code = "store_unavailable"
+
+
+class SearchIndexError(StoreError):
+    code = "index_unavailable"
+
+
+class EmbeddingError(GatewayError):
+    status = 503
+    code = "embedding_failed"
 
 
 class UpstreamError(GatewayError):

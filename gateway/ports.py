@@ -14,11 +14,14 @@ if TYPE_CHECKING:
     from gateway.records import (
         AppendRequest,
         Conversation,
+        IndexRow,
         Job,
         Lookup,
         NewJob,
         NewSummary,
         RequestRecord,
+        SearchQuery,
+        SearchResult,
         StoredMessage,
         Summary,
     )
@@ -109,9 +112,11 @@ class MessageStore(Protocol):
 
     async def lookup(self, tenant: str, hashes: Sequence[str], external_id: str | None) -> Lookup: ...
 
-    async def path(self, tenant: str, node_id: str, newest_tokens: int | None = None) -> list[StoredMessage]:
+    async def path(
+        self, tenant: str, node_id: str, newest_tokens: int | None = None, newest_messages: int | None = None
+    ) -> list[StoredMessage]:
         """Root-to-node path, oldest first; with `newest_tokens`, only the newest messages that cover at
-        least that many tokens."""
+        least that many tokens; with `newest_messages`, at most that many (the node included)."""
         ...
 
     async def append(self, request: AppendRequest) -> str: ...
@@ -127,6 +132,13 @@ class MessageStore(Protocol):
     async def conversation_messages(self, tenant: str, conversation_id: str) -> list[StoredMessage]: ...
 
     async def get_request(self, tenant: str, request_id: str) -> RequestRecord | None: ...
+
+    async def delete_conversations(
+        self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
+    ) -> list[str]:
+        """Delete one conversation, or every conversation of one user, with everything stored about it;
+        returns the ids deleted."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -180,3 +192,47 @@ class SummaryStore(Protocol):
         """Store `rows` and move the cursor to the last one, only if the cursor is still at `version`
         (`UPDATE ... WHERE version = ?`): of two workers racing, one wins and the other's work is dropped."""
         ...
+
+
+class Embedder(Protocol):
+    """Text to unit-length vectors. Batches run off the event loop; one query is the request path's cost."""
+
+    @property
+    def model(self) -> str:
+        """Stable id of the model: vectors of different models never share an index table."""
+        ...
+
+    @property
+    def dimensions(self) -> int: ...
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One L2-normalised vector per text, in order. Raises `EmbeddingError` on failure."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class VectorIndex(Protocol):
+    """Message texts and their vectors (LanceDB): semantic and full-text search, always tenant-filtered.
+
+    Rows are written in two steps so a fresh message is findable by keyword before it is embedded:
+    `add` the text (vector None), then `set_vectors`. Both are idempotent (keyed by `IndexRow.id`).
+    """
+
+    async def add(self, rows: Sequence[IndexRow]) -> None: ...
+
+    async def set_vectors(self, tenant: str, vectors: dict[str, list[float]]) -> None:
+        """Fill in the vectors of rows already added (row id -> vector)."""
+        ...
+
+    async def search(self, query: SearchQuery) -> SearchResult:
+        """Semantic (when `query.vector` is set) and keyword rankings, each best first."""
+        ...
+
+    async def delete(
+        self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
+    ) -> None:
+        """Remove the rows of one conversation, or of every conversation of one user."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -150,3 +150,51 @@ class Summary:
     llm_input_tokens: int
     llm_output_tokens: int
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRow:
+    """One searchable text of a message: the message alone ("m"), with its parent ("p"), or with its
+    parent and one child ("w"; keyed by that child, since branches give a node several). Short replies
+    carry their meaning in their neighbours, so each message is found through all of its views."""
+
+    id: str  # f"{node_id}:{view}" (+ f":{child_id}" for "w")
+    tenant: str
+    user_id: str | None
+    conversation_id: str
+    node_id: str
+    view: str
+    depth: int
+    created_at: datetime
+    text: str
+    vector: list[float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    tenant: str
+    text: str
+    vector: list[float] | None  # None: keyword search only (the embedder failed or is disabled)
+    limit: int
+    conversation_id: str | None = None  # one conversation ...
+    user_id: str | None = None  # ... and/or every conversation of one user
+    exclude_conversation_id: str | None = None
+    max_depth: int | None = None  # only messages shallower than this (older than the recent window)
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexHit:
+    node_id: str
+    conversation_id: str
+    view: str
+    depth: int
+    created_at: datetime
+    score: float  # the engine's own: cosine similarity for semantic hits, BM25 for keyword hits
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    semantic: list[IndexHit]
+    keyword: list[IndexHit]

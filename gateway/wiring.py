@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
+from gateway.adapters.sql.tables import utcnow
 from gateway.config import GatewayConfig, TenantConfig
 from gateway.errors import StoreError
 from gateway.jobs.compact import CompactHandler, CompactionTarget
+from gateway.jobs.embed import EMBED, EmbedHandler, IndexTarget
 from gateway.jobs.worker import JobHandler, WorkerPool
 from gateway.metrics import Counters
 from gateway.pipeline.context.builder import ContextBuilder
+from gateway.pipeline.context.retrieval import RetrievalSection
+from gateway.pipeline.context.section import Section
 from gateway.pipeline.context.summary import SummarySection
 from gateway.pipeline.ingest import IngestStep
 from gateway.pipeline.persist import COMPACT, CompactionPolicy, PersistStep
 from gateway.pipeline.steps import ChatPipeline, CompleteStep, PrepareStep
-from gateway.ports import JobQueue, MessageStore, ModelCatalog, SummaryStore, Tokenizers, Upstream
+from gateway.ports import (
+    Embedder,
+    JobQueue,
+    MessageStore,
+    ModelCatalog,
+    SummaryStore,
+    Tokenizers,
+    Upstream,
+    VectorIndex,
+)
 from gateway.tenants import Tenant, TenantRegistry
 
 log = logging.getLogger(__name__)
@@ -32,6 +47,22 @@ class Deps:
     jobs: JobQueue
     workers: WorkerPool  # started and stopped by the app lifespan; `workers.register(kind, handler)`
     counters: Counters = field(default_factory=Counters)
+    indexes: dict[str, IndexTarget] = field(default_factory=dict)  # tenant -> its retrieval index
+
+    async def delete_conversations(
+        self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
+    ) -> list[str]:
+        """Delete conversations from the store and their rows from the index (vectors included)."""
+        deleted = await self.store.delete_conversations(
+            tenant, conversation_id=conversation_id, user_id=user_id
+        )
+        target = self.indexes.get(tenant)
+        if target is not None:
+            if user_id is not None and conversation_id is None:
+                await target.index.delete(tenant, user_id=user_id)
+            for conversation in deleted:
+                await target.index.delete(tenant, conversation_id=conversation)
+        return deleted
 
     async def job_counts(self) -> dict[str, int] | None:
         """Jobs per status for `/healthz`; None when the database cannot say (health must still answer)."""
@@ -45,6 +76,10 @@ class Deps:
         await self.workers.stop()
         await self.tenants.aclose()
         await self.store.aclose()
+        for closing in {id(t.index): t.index for t in self.indexes.values()}.values():
+            await closing.aclose()
+        for embedder in {id(t.embedder): t.embedder for t in self.indexes.values()}.values():
+            await embedder.aclose()
 
 
 def build_upstream(tenant: TenantConfig) -> Upstream:
@@ -73,6 +108,10 @@ def compacts(tenant: TenantConfig) -> bool:
     )
 
 
+def retrieves(tenant: TenantConfig) -> bool:
+    return tenant.store_conversations and tenant.context.enabled and tenant.retrieval.enabled
+
+
 def build_pipeline(
     tenant: TenantConfig,
     store: MessageStore,
@@ -80,6 +119,8 @@ def build_pipeline(
     tokenizers: Tokenizers,
     catalog: ModelCatalog,
     counters: Counters,
+    index: IndexTarget | None = None,
+    clock: Callable[[], datetime] = utcnow,
 ) -> ChatPipeline:
     if not tenant.store_conversations:
         return ChatPipeline(counters)  # a pure proxy: nothing stored, nothing rewritten
@@ -88,16 +129,61 @@ def build_pipeline(
     prepare: list[PrepareStep] = [IngestStep(store, tokenizers, tenant.identity, coverage)]
     policy = None
     if context.enabled:
-        sections = [SummarySection(summaries, tenant.compaction.summary_tokens)]
+        # Priority order: the summary, then retrieved history (which asks for more room when the
+        # question is about the past); the recent window is built in.
+        sections: list[Section] = [SummarySection(summaries, tenant.compaction.summary_tokens)]
+        if index is not None:
+            sections.append(RetrievalSection(index.index, index.embedder, store, tenant.retrieval, clock))
         prepare.append(ContextBuilder(context, tokenizers, catalog, sections))
     if compacts(tenant):
         policy = CompactionPolicy.for_tenant(context, tenant.compaction)
-    complete: list[CompleteStep] = [PersistStep(store, tokenizers, policy)]
+    complete: list[CompleteStep] = [PersistStep(store, tokenizers, policy, index=index is not None)]
     return ChatPipeline(counters, prepare, complete)
 
 
-def build_deps(config: GatewayConfig, handlers: Mapping[str, JobHandler] | None = None) -> Deps:
-    """Adapters and pipelines from `config`; `handlers` (job kind -> handler) go to the worker pool."""
+def index_table(model: str) -> str:
+    """One index table per embedding model: vectors of different models are never compared."""
+    return "messages_" + re.sub(r"[^A-Za-z0-9_]+", "_", model).strip("_")
+
+
+def build_indexes(config: GatewayConfig, upstreams: Mapping[str, Upstream]) -> dict[str, IndexTarget]:
+    """Each retrieving tenant's embedder and index; tenants sharing a model share both (one table per
+    model, rows filtered by tenant)."""
+    from gateway.adapters.lance_index import LanceIndex
+
+    local: Embedder | None = None
+    indexes: dict[str, VectorIndex] = {}
+    targets: dict[str, IndexTarget] = {}
+    for tenant in config.tenants:
+        if not retrieves(tenant):
+            continue
+        spec = tenant.retrieval.embedder
+        embedder: Embedder
+        if spec.provider == "local":
+            if local is None:
+                from gateway.adapters.onnx_embedder import OnnxEmbedder
+
+                local = OnnxEmbedder.load(config.embeddings.threads, config.embeddings.batch_size)
+            embedder = local
+        else:
+            from gateway.adapters.api_embedder import ApiEmbedder
+
+            assert spec.model is not None and spec.dimensions is not None  # checked by the config
+            embedder = ApiEmbedder(upstreams[tenant.name], spec.model, spec.dimensions, spec.batch_size)
+        table = index_table(embedder.model)
+        if table not in indexes:
+            indexes[table] = LanceIndex.open(config.storage.index_location, table, embedder.dimensions)
+        targets[tenant.name] = IndexTarget(embedder, indexes[table])
+    return targets
+
+
+def build_deps(
+    config: GatewayConfig,
+    handlers: Mapping[str, JobHandler] | None = None,
+    clock: Callable[[], datetime] = utcnow,
+) -> Deps:
+    """Adapters and pipelines from `config`; `handlers` (job kind -> handler) go to the worker pool;
+    `clock` dates stored messages and resolves "last week" (a settable one replays dated histories)."""
     from gateway.adapters.cached_store import CachedMessageStore
     from gateway.adapters.model_catalog import LiteLLMModelCatalog
     from gateway.adapters.sql.store import SqlStore
@@ -105,7 +191,7 @@ def build_deps(config: GatewayConfig, handlers: Mapping[str, JobHandler] | None 
     from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
 
     counters = Counters()
-    sql = SqlStore.open(config.storage.database_url)
+    sql = SqlStore.open(config.storage.database_url, clock)
     summaries = SqlSummaryStore(sql.engine)
     size = config.storage.node_cache_size
     store: MessageStore = CachedMessageStore(sql, size) if size else sql
@@ -114,9 +200,14 @@ def build_deps(config: GatewayConfig, handlers: Mapping[str, JobHandler] | None 
     for model in ("gpt-4o", "gpt-4"):
         tokenizers.for_model(model)
     catalog = LiteLLMModelCatalog.load()
+    upstreams = {t.name: build_upstream(t) for t in config.tenants}
+    indexes = build_indexes(config, upstreams)
     tenants = TenantRegistry(
         Tenant(
-            t.name, t, build_upstream(t), build_pipeline(t, store, summaries, tokenizers, catalog, counters)
+            t.name,
+            t,
+            upstreams[t.name],
+            build_pipeline(t, store, summaries, tokenizers, catalog, counters, indexes.get(t.name), clock),
         )
         for t in config.tenants
     )
@@ -129,12 +220,21 @@ def build_deps(config: GatewayConfig, handlers: Mapping[str, JobHandler] | None 
         for t in tenants.tenants
         if compacts(t.config)
     }
-    all_handlers: dict[str, JobHandler] = {COMPACT: CompactHandler(store, summaries, tokenizers, targets.get)}
+    all_handlers: dict[str, JobHandler] = {
+        COMPACT: CompactHandler(store, summaries, tokenizers, targets.get),
+        EMBED: EmbedHandler(store, indexes.get),
+    }
     all_handlers.update(handlers or {})
     jobs = sql.jobs
     workers = WorkerPool(jobs, all_handlers, config.jobs)
     # Jobs this process enqueues (with the messages that cause them) start without waiting for a poll.
     jobs.add_listener(workers.notify)
     return Deps(
-        tenants=tenants, store=store, summaries=summaries, jobs=jobs, workers=workers, counters=counters
+        tenants=tenants,
+        store=store,
+        summaries=summaries,
+        jobs=jobs,
+        workers=workers,
+        counters=counters,
+        indexes=indexes,
     )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from openai import AsyncOpenAI, OpenAI
@@ -47,6 +49,24 @@ class Gateway:
         return AsyncOpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, **kwargs)
 
 
+def api(gateway: Gateway, path: str, key: str = GATEWAY_KEY) -> Any:
+    response = httpx.get(f"{gateway.server.url}/api{path}", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def wait_for_jobs(gateway: Gateway, timeout: float = 60.0) -> dict[str, int]:
+    """Until the background queue is idle (embedding, compaction)."""
+    deadline = time.monotonic() + timeout
+    jobs: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        jobs = httpx.get(f"{gateway.server.url}/healthz").json()["jobs"]
+        if jobs.get("queued", 0) == 0 and jobs.get("running", 0) == 0:
+            return jobs
+        time.sleep(0.05)
+    raise AssertionError(f"jobs still pending after {timeout}s: {jobs}")
+
+
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
     fake = FakeUpstream()
@@ -56,7 +76,7 @@ def upstream() -> Iterator[Upstream]:
 
 def tenant(name: str, base_url: str, **upstream: Any) -> dict[str, Any]:
     """A tenant config; tenant-level keys go to the tenant, the rest to its upstream."""
-    tenant_keys = ("context", "identity", "compaction", "store_conversations")
+    tenant_keys = ("context", "identity", "compaction", "retrieval", "store_conversations")
     extra = {key: upstream.pop(key) for key in tenant_keys if key in upstream}
     keys = upstream.pop("api_keys", [f"sk-gw-{name}"])
     upstream = {"base_url": base_url, "api_key": "sk-upstream", **upstream}

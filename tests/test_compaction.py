@@ -30,28 +30,13 @@ from gateway.jobs.prompts import CONDENSE_MARKER
 from gateway.pipeline.canonical import chain_hashes, root_hash
 from gateway.pipeline.persist import CompactionPolicy
 from gateway.records import AppendRequest, Job, NewMessage
-from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
 
 CONTEXT = {"budget_tokens": 1200, "recent_tokens": 300}
+NO_RETRIEVAL = {"enabled": False}
 COMPACTION = {"threshold_tokens": 200, "chunk_tokens": 300, "summary_tokens": 400}
 JOBS = {"poll_seconds": 0.05, "retry_base_seconds": 0.1, "lease_seconds": 5}
 SYSTEM = {"role": "system", "content": "You are terse."}
-
-
-def api(gateway: Gateway, path: str, key: str = GATEWAY_KEY) -> Any:
-    response = httpx.get(f"{gateway.server.url}/api{path}", headers={"Authorization": f"Bearer {key}"})
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def wait_for_jobs(gateway: Gateway, timeout: float = 20.0) -> dict[str, int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        jobs: dict[str, int] = httpx.get(f"{gateway.server.url}/healthz").json()["jobs"]
-        if jobs.get("queued", 0) == 0 and jobs.get("running", 0) == 0:
-            return jobs
-        time.sleep(0.05)
-    raise AssertionError(f"jobs still pending after {timeout}s: {jobs}")
 
 
 def folded(text: str) -> list[tuple[int, str]]:
@@ -67,7 +52,9 @@ def turn_text(label: str, n: int) -> str:
 @pytest.fixture
 def compacting(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> Gateway:
     return make_gateway(
-        [tenant("acme", upstream.base_url, context=CONTEXT, compaction=COMPACTION)], jobs=JOBS
+        # Retrieval's default share would shrink the summary's under this small budget: not under test here.
+        [tenant("acme", upstream.base_url, context=CONTEXT, compaction=COMPACTION, retrieval=NO_RETRIEVAL)],
+        jobs=JOBS,
     )
 
 
@@ -254,7 +241,9 @@ def test_cli_compacts_a_stored_conversation(
 
     from gateway.cli import main
 
-    tenants = [tenant("acme", upstream.base_url, context={"budget_tokens": 100_000, "recent_tokens": 200})]
+    context = {"budget_tokens": 100_000, "recent_tokens": 200}
+    # No workers here: no embed jobs either, or they would wait for ever.
+    tenants = [tenant("acme", upstream.base_url, context=context, retrieval=NO_RETRIEVAL)]
     gateway = make_gateway(tenants, jobs={**JOBS, "workers": 0})  # this gateway runs no jobs itself
     messages: list[Any] = [SYSTEM]
     headers = play(gateway, messages, "C", range(8))

@@ -41,9 +41,11 @@ def test_300_turn_replay_is_bounded_and_stored_once(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
     budget = 3_000
-    # Window only here (summaries have their own tests): the tail must be exactly the client's messages.
+    # Window only here (summaries and retrieval have their own tests): the tail must be exactly the
+    # client's messages.
+    only_window = {"compaction": {"enabled": False}, "retrieval": {"enabled": False}}
     gateway = make_gateway(
-        [tenant("acme", upstream.base_url, context={"budget_tokens": budget}, compaction={"enabled": False})]
+        [tenant("acme", upstream.base_url, context={"budget_tokens": budget}, **only_window)]
     )
     messages: list[Any] = [SYSTEM]
     for turn in range(300):
@@ -266,9 +268,8 @@ def test_api_rejects_bad_parameters(gateway: Gateway) -> None:
 def test_thin_mode_reads_only_what_the_budget_can_hold(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
-    gateway = make_gateway(
-        [tenant("acme", upstream.base_url, context={"budget_tokens": 600}, compaction={"enabled": False})]
-    )
+    only_window = {"compaction": {"enabled": False}, "retrieval": {"enabled": False}}
+    gateway = make_gateway([tenant("acme", upstream.base_url, context={"budget_tokens": 600}, **only_window)])
     client = gateway.client(default_headers={"X-Conversation-Id": "long-thin"})
     for turn in range(40):
         question = {"role": "user", "content": user_turn(turn)}

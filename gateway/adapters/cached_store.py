@@ -58,8 +58,10 @@ class CachedMessageStore:
             self._put(tenant, node)
         return Lookup(found.conversation, {**nodes, **found.nodes})
 
-    async def path(self, tenant: str, node_id: str, newest_tokens: int | None = None) -> list[StoredMessage]:
-        path = await self.inner.path(tenant, node_id, newest_tokens)
+    async def path(
+        self, tenant: str, node_id: str, newest_tokens: int | None = None, newest_messages: int | None = None
+    ) -> list[StoredMessage]:
+        path = await self.inner.path(tenant, node_id, newest_tokens, newest_messages)
         for message in path:
             self._put(tenant, message.node)
         return path
@@ -94,6 +96,21 @@ class CachedMessageStore:
 
     async def get_request(self, tenant: str, request_id: str) -> RequestRecord | None:
         return await self.inner.get_request(tenant, request_id)
+
+    async def delete_conversations(
+        self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
+    ) -> list[str]:
+        deleted = set(
+            await self.inner.delete_conversations(tenant, conversation_id=conversation_id, user_id=user_id)
+        )
+        # A deleted history sent again must be stored again, not recognised from this cache. (Other
+        # replicas' caches keep their nodes until evicted: see the README's note on deletion.)
+        stale = [
+            key for key, node in self._nodes.items() if key[0] == tenant and node.conversation_id in deleted
+        ]
+        for key in stale:
+            del self._nodes[key]
+        return sorted(deleted)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

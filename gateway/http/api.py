@@ -1,4 +1,4 @@
-"""Read-only REST API over what the gateway stored, scoped to the caller's tenant.
+"""REST API over what the gateway stored, scoped to the caller's tenant.
 
 GET /api/conversations                      newest first; ?limit=&offset=&user_id=
 GET /api/conversations/{id}                 one conversation
@@ -6,6 +6,8 @@ GET /api/conversations/{id}/messages        the whole tree: every node with its 
 GET /api/conversations/{id}/path/{node_id}  root-to-node path: the history one branch sees
 GET /api/conversations/{id}/summaries       rolling summaries (global) and chunk summaries, deepest first
 POST /api/conversations/{id}/compact        summarise now what left the recent window (202, a job)
+DELETE /api/conversations/{id}              delete it: messages, summaries, records, index rows, vectors
+DELETE /api/users/{user_id}                 delete every conversation of that user, the same way
 GET /api/requests/{id}                      one request: status, usage, ContextReport
 """
 
@@ -141,6 +143,22 @@ async def compact_conversation(request: Request) -> Response:
     return response
 
 
+async def delete_conversation(request: Request) -> Response:
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    conversation = await _conversation(deps, caller, request)
+    deleted = await deps.delete_conversations(caller.tenant.name, conversation_id=conversation.id)
+    return _json({"object": "conversation.deleted", "id": conversation.id, "deleted": bool(deleted)})
+
+
+async def delete_user(request: Request) -> Response:
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    user_id = request.path_params["user_id"]
+    deleted = await deps.delete_conversations(caller.tenant.name, user_id=user_id)
+    return _json({"object": "user.deleted", "user_id": user_id, "conversations": deleted})
+
+
 async def get_request(request: Request) -> Response:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
@@ -154,6 +172,8 @@ def api_routes() -> list[Route]:
     return [
         Route("/api/conversations", list_conversations, methods=["GET"]),
         Route("/api/conversations/{id}", get_conversation, methods=["GET"]),
+        Route("/api/conversations/{id}", delete_conversation, methods=["DELETE"]),
+        Route("/api/users/{user_id}", delete_user, methods=["DELETE"]),
         Route("/api/conversations/{id}/messages", conversation_messages, methods=["GET"]),
         Route("/api/conversations/{id}/path/{node_id}", conversation_path, methods=["GET"]),
         Route("/api/conversations/{id}/summaries", conversation_summaries, methods=["GET"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from gateway.pipeline.text import message_text
 from gateway.ports import JSONObject
 
 CHUNK_MARKER = "[context-gateway:summarize-chunk]"
@@ -43,23 +44,7 @@ def render_message(depth: int, message: JSONObject, created_at: datetime | None)
     """One message as a line block the summariser reads: `[#depth role date] text`."""
     role = str(message.get("role"))
     when = f" {created_at:%Y-%m-%d %H:%M}" if created_at is not None else ""
-    parts: list[str] = []
-    content = message.get("content")
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        for part in content:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(str(part["text"]))
-            elif isinstance(part, dict):
-                parts.append(f"<{part.get('type', 'attachment')}>")
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict):
-                parts.append(f"<tool call {function.get('name')}({function.get('arguments')})>")
-    return f"[#{depth} {role}{when}] " + "\n".join(parts)
+    return f"[#{depth} {role}{when}] " + message_text(message)
 
 
 def chunk_request(model: str, rendered: list[str]) -> JSONObject:

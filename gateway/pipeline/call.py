@@ -28,6 +28,7 @@ class CallState:
     leaf_id: str | None = None  # the newest stored message of the request: the answer's parent
     leaf_depth: int = -1
     leaf_path_tokens: int = 0
+    appended: int = 0  # messages this request added to the store (the answer not counted)
     items: list[HistoryItem] = field(default_factory=list)
     history_tokens: int = 0  # tokens of all items, known even where single counts were not read
     summary_path_tokens: int = 0  # how much of the path the summary used for this request covers

@@ -118,6 +118,7 @@ class IngestStep:
         appended = _new_messages(new, hashes[len(hashes) - len(new) :], parent, depth, base_tokens, tokenizer)
         state.items += [HistoryItem(m.data, m.token_count, m.id) for m in appended]
         state.history_tokens += sum(m.token_count for m in appended)
+        state.appended = len(appended)
         await self._store(call, state, ident, conversation_id, appended)
         last = appended[-1] if appended else parent
         if last is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gateway.config import CompactionConfig, ContextConfig
+from gateway.jobs.embed import embed_job
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.canonical import chain_hashes
 from gateway.ports import JSONObject, MessageStore, Tokenizers
@@ -53,11 +54,13 @@ class PersistStep:
     store: MessageStore
     tokenizers: Tokenizers
     compaction: CompactionPolicy | None = None
+    index: bool = False  # enqueue an embed job for the exchange's new messages (retrieval is on)
 
     async def __call__(self, call: ChatCall, outcome: ChatOutcome) -> None:
         state = call.state
         model = call.body.get("model")
         answer = None
+        jobs: tuple[NewJob, ...] = ()
         message = _answer_message(outcome)
         if message is not None and state.leaf_id is not None and state.conversation_id is not None:
             tokenizer = self.tokenizers.for_model(str(model))
@@ -72,7 +75,6 @@ class PersistStep:
                 token_count=tokens,
                 path_tokens=state.leaf_path_tokens + tokens,
             )
-            jobs: tuple[NewJob, ...] = ()
             policy = self.compaction
             if policy is not None and policy.due(new.path_tokens, state.summary_path_tokens):
                 payload: JSONObject = {
@@ -81,7 +83,15 @@ class PersistStep:
                     "model": model,
                 }
                 jobs = (NewJob(COMPACT, call.tenant, payload, key=compaction_job_key(state.conversation_id)),)
+            if self.index:
+                jobs += (embed_job(call.tenant, new.id, state.appended + 1),)
             answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (new,), jobs)
+        elif (
+            self.index and state.appended and state.leaf_id is not None and state.conversation_id is not None
+        ):
+            # No answer (the upstream failed): the question is indexed all the same, in the same transaction.
+            jobs = (embed_job(call.tenant, state.leaf_id, state.appended),)
+            answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (), jobs)
         record = RequestRecord(
             id=call.request_id,
             tenant=call.tenant,

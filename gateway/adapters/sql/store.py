@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import anyio
 import orjson
-from sqlalchemy import Engine, Select, bindparam, create_engine, event, func, insert, update
+from sqlalchemy import Engine, Select, bindparam, create_engine, delete, event, func, insert, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -26,7 +26,14 @@ from sqlmodel import SQLModel, col, select
 
 from gateway.adapters.sql.jobs import SqlJobQueue, enqueue_in
 from gateway.adapters.sql.migrations import migrate
-from gateway.adapters.sql.tables import ConversationRow, MessageRow, RequestRow, utcnow
+from gateway.adapters.sql.tables import (
+    CompactionCursorRow,
+    ConversationRow,
+    MessageRow,
+    RequestRow,
+    SummaryRow,
+    utcnow,
+)
 from gateway.errors import StoreError
 from gateway.ports import JSONObject
 from gateway.records import (
@@ -54,6 +61,14 @@ _MESSAGE_COLUMNS = (*_NODE_COLUMNS, col(MessageRow.content), col(MessageRow.crea
 _CONVERSATIONS = SQLModel.metadata.tables[str(ConversationRow.__tablename__)]
 _MESSAGES = SQLModel.metadata.tables[str(MessageRow.__tablename__)]
 _REQUESTS = SQLModel.metadata.tables[str(RequestRow.__tablename__)]
+# Everything that holds a conversation's words, deleted with it (the conversation row last).
+_OWNED_BY_CONVERSATION = (
+    _MESSAGES,
+    SQLModel.metadata.tables[str(SummaryRow.__tablename__)],
+    _REQUESTS,  # their reports name message ids
+    SQLModel.metadata.tables[str(CompactionCursorRow.__tablename__)],
+    _CONVERSATIONS,
+)
 
 _NODES_BY_ID = sa_select(*_NODE_COLUMNS).where(
     col(MessageRow.id).in_(bindparam("ids", expanding=True)), col(MessageRow.tenant) == bindparam("tenant")
@@ -65,7 +80,8 @@ _CONVERSATION_BY_EXTERNAL = sa_select(_CONVERSATIONS).where(
 
 def _path_statement() -> Select[*tuple[Any, ...]]:
     """Node-to-root walk through `parent_id` (a recursive CTE: one round trip), oldest first. It stops at
-    messages whose whole path is at or under `floor` tokens, so only the newest stretch is read."""
+    messages whose whole path is at or under `floor` tokens, or at depth `min_depth`, so only the newest
+    stretch is read."""
     ids = (col(MessageRow.id), col(MessageRow.parent_id))
     start = sa_select(*ids).where(
         col(MessageRow.id) == bindparam("node_id"), col(MessageRow.tenant) == bindparam("tenant")
@@ -74,7 +90,9 @@ def _path_statement() -> Select[*tuple[Any, ...]]:
     step = (
         sa_select(*ids)
         .join(walk, col(MessageRow.id) == walk.c.parent_id)
-        .where(col(MessageRow.path_tokens) > bindparam("floor"))
+        .where(
+            col(MessageRow.path_tokens) > bindparam("floor"), col(MessageRow.depth) > bindparam("min_depth")
+        )
     )
     walk = walk.union_all(step)
     return (
@@ -155,8 +173,9 @@ def _message(row: Sequence[Any]) -> StoredMessage:
 
 
 class SqlStore:
-    def __init__(self, engine: Engine, *, threads: int = 8) -> None:
+    def __init__(self, engine: Engine, *, threads: int = 8, clock: Callable[[], datetime] = utcnow) -> None:
         self.engine = engine
+        self._clock = clock  # when messages were received; a settable clock replays dated histories
         self._limiter = anyio.CapacityLimiter(threads)
         self.jobs = SqlJobQueue(engine)  # shares the engine: jobs commit with the messages that cause them
         dialect_insert = pg_insert if engine.dialect.name == "postgresql" else sqlite_insert
@@ -171,10 +190,10 @@ class SqlStore:
         )
 
     @classmethod
-    def open(cls, url: str) -> SqlStore:
+    def open(cls, url: str, clock: Callable[[], datetime] = utcnow) -> SqlStore:
         engine = build_engine(url)
         migrate(engine)
-        return cls(engine)
+        return cls(engine, clock=clock)
 
     async def _run(self, fn: Callable[[], T]) -> T:
         try:
@@ -203,18 +222,25 @@ class SqlStore:
                     nodes[row[0]] = _node(row)
         return Lookup(conversation, nodes)
 
-    async def path(self, tenant: str, node_id: str, newest_tokens: int | None = None) -> list[StoredMessage]:
-        return await self._run(partial(self._path, tenant, node_id, newest_tokens))
+    async def path(
+        self, tenant: str, node_id: str, newest_tokens: int | None = None, newest_messages: int | None = None
+    ) -> list[StoredMessage]:
+        return await self._run(partial(self._path, tenant, node_id, newest_tokens, newest_messages))
 
-    def _path(self, tenant: str, node_id: str, newest_tokens: int | None) -> list[StoredMessage]:
+    def _path(
+        self, tenant: str, node_id: str, newest_tokens: int | None, newest_messages: int | None
+    ) -> list[StoredMessage]:
         with self.engine.connect() as connection:
-            floor = -1
-            if newest_tokens is not None:
+            floor, min_depth = -1, -1
+            if newest_tokens is not None or newest_messages is not None:
                 leaf = connection.execute(_NODES_BY_ID, {"ids": [node_id], "tenant": tenant}).first()
                 if leaf is None:
                     return []
-                floor = _node(leaf).path_tokens - newest_tokens
-            params = {"node_id": node_id, "tenant": tenant, "floor": floor}
+                if newest_tokens is not None:
+                    floor = _node(leaf).path_tokens - newest_tokens
+                if newest_messages is not None:
+                    min_depth = _node(leaf).depth - newest_messages
+            params = {"node_id": node_id, "tenant": tenant, "floor": floor, "min_depth": min_depth}
             return [_message(row) for row in connection.execute(_PATH, params)]
 
     async def append(self, request: AppendRequest) -> str:
@@ -228,7 +254,7 @@ class SqlStore:
             return self._append_in(connection, request)
 
     def _append_in(self, connection: Connection, request: AppendRequest) -> str:
-        now = utcnow()
+        now = self._clock()
         conversation_id = request.conversation_id
         if conversation_id is None:
             conversation_id = uuid.uuid4().hex
@@ -335,6 +361,29 @@ class SqlStore:
                 fields = row.model_dump()
                 fields["created_at"] = _aware(row.created_at)
                 return RequestRecord(**fields)
+
+        return await self._run(run)
+
+    async def delete_conversations(
+        self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
+    ) -> list[str]:
+        if conversation_id is None and user_id is None:
+            raise ValueError("give conversation_id or user_id")
+
+        def run() -> list[str]:
+            query = sa_select(_CONVERSATIONS.c.id).where(_CONVERSATIONS.c.tenant == tenant)
+            if conversation_id is not None:
+                query = query.where(_CONVERSATIONS.c.id == conversation_id)
+            if user_id is not None:
+                query = query.where(_CONVERSATIONS.c.user_id == user_id)
+            with self.engine.begin() as connection:
+                ids = [row[0] for row in connection.execute(query)]
+                for start in range(0, len(ids), _IN_CHUNK):
+                    chunk = ids[start : start + _IN_CHUNK]
+                    for table in _OWNED_BY_CONVERSATION:
+                        column = table.c.id if table is _CONVERSATIONS else table.c.conversation_id
+                        connection.execute(delete(table).where(table.c.tenant == tenant, column.in_(chunk)))
+            return ids
 
         return await self._run(run)
 

@@ -22,6 +22,7 @@ from gateway.pipeline.context.window import RecentWindow
 from gateway.ports import ChatPayload, JSONObject, ModelCatalog, Tokenizers
 
 REPLY_PRIMING_TOKENS = 3
+WINDOW_FLOOR = 0.25
 INJECTED_HEADER = "The gateway added the following context from earlier in this conversation and from memory."
 
 
@@ -63,15 +64,26 @@ class ContextBuilder:
         available = max(budget.input_tokens - system_tokens - current_tokens - fixed_extra, 0)
 
         window = RecentWindow(self.config.recent_tokens)
+        wanted = [section.allowance_for(build) for section in self.sections]
         scale = min(1.0, available / max(window.allowance + sum(s.allowance for s in self.sections), 1))
-        spare = available - int(window.allowance * scale)  # the window always keeps its own share
+        # A section that asks for more than its default (retrieval, for a question about the past) takes
+        # the extra from the window's share, which keeps at least WINDOW_FLOOR of it; the summary keeps its.
+        extra = sum(max(w - s.allowance, 0) for w, s in zip(wanted, self.sections, strict=True)) * scale
+        share = window.allowance * scale
+        reserved = int(max(share - extra, share * WINDOW_FLOOR))
+        spare = available - reserved  # the window always keeps its own share
+        # What the window keeps at that share: the other sections work on what lies before it.
+        build = replace(build, window=(await window.propose(build, reserved)).messages)
         carry = 0
         injected: list[tuple[str, Proposal]] = []
-        for section in self.sections:
+        reported: dict[str, JSONObject] = {}
+        for section, want in zip(self.sections, wanted, strict=True):
             # Its own scaled share plus what higher sections left; never the window's reserved share.
-            allowance = max(min(int(section.allowance * scale) + carry, spare), 0)
+            allowance = max(min(int(want * scale) + carry, spare), 0)
             proposal = await section.propose(build, allowance)
             used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
+            # Every section reports, even one that proposed nothing (its detail says why).
+            reported[section.name] = {"tokens": used, "allowance": allowance, **proposal.detail}
             if used:
                 injected.append((section.name, proposal))
             carry, spare = allowance - used, spare - used
@@ -79,6 +91,8 @@ class ContextBuilder:
         block_tokens = tokenizer.count_message(block) if block is not None else 0
         if block_tokens > available:
             block, block_tokens, injected = None, 0, []  # the framing does not fit a tiny budget: drop it
+            for detail in reported.values():
+                detail.update(tokens=0, dropped="no room for the injected block")
         available -= block_tokens
         floor = _window_floor(history, injected)
         state.summary_path_tokens = _covered_tokens(injected)
@@ -91,12 +105,17 @@ class ContextBuilder:
         messages += current
         sent = known_tokens(messages) + fixed_extra
         history_tokens = state.history_tokens - system_tokens - current_tokens - _covered_tokens(injected)
-        cut = history[
-            floor : len(history) - len(window_proposal.messages)
-        ]  # summarised messages are not "cut"
+        # Summarised and retrieved messages are not "cut".
+        shown = {i for _, p in injected for i in p.verbatim_ids}
+        summarised = _window_floor(history, [(n, p) for n, p in injected if p.covers_through is not None])
+        cut = [
+            item
+            for item in history[summarised : len(history) - len(window_proposal.messages)]
+            if item.node_id not in shown
+        ]
         sections: dict[str, JSONObject] = {
             "system": {"tokens": system_tokens, "messages": len(build.system)},
-            **{name: {"tokens": p.tokens, **p.detail} for name, p in injected},
+            **reported,
             "window": {"tokens": window_proposal.tokens, **window_proposal.detail},
             "current": {
                 "tokens": current_tokens,
@@ -105,10 +124,12 @@ class ContextBuilder:
                 "message_ids": [i.node_id for i in current if i.node_id is not None],
             },
         }
+        retrieved_tokens = known_tokens([i for i in history if i.node_id in shown])
+        cut_tokens = history_tokens - window_proposal.tokens - retrieved_tokens
         state.sent_tokens = sent
         state.report = _report(
             budget, original, sent, unchanged=False, sections=sections,
-            cut=_cut(cut, history_tokens - window_proposal.tokens),
+            cut=_cut(cut, cut_tokens),
         )  # fmt: skip
         return ChatPayload({**body, "messages": [item.message for item in messages]})
 
@@ -123,15 +144,13 @@ def _injected_block(injected: list[tuple[str, Proposal]]) -> JSONObject | None:
 
 
 def _window_floor(history: list[HistoryItem], injected: list[tuple[str, Proposal]]) -> int:
-    """Index in `history` where the window may start: right after the deepest summarised node."""
-    floor = 0
-    for _, proposal in injected:
-        if proposal.covers_through is None:
-            continue
-        for index, item in enumerate(history):
-            if item.node_id == proposal.covers_through:
-                floor = max(floor, index + 1)
-    return floor
+    """Index in `history` where the window may start: right after the deepest summarised node and after
+    the newest message another section shows verbatim."""
+    after = {p.covers_through for _, p in injected if p.covers_through is not None}
+    after.update(i for _, p in injected for i in p.verbatim_ids)
+    if not after:
+        return 0
+    return max((index + 1 for index, item in enumerate(history) if item.node_id in after), default=0)
 
 
 def _covered_tokens(injected: list[tuple[str, Proposal]]) -> int:

@@ -21,6 +21,8 @@ class BuildInput:
     system: list[HistoryItem]
     history: list[HistoryItem]
     current: list[HistoryItem]
+    # The newest history the recent window keeps at its own reserved share: other sections leave it be.
+    window: list[HistoryItem] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -31,11 +33,23 @@ class Proposal:
     detail: JSONObject = field(default_factory=dict)
     # A summary covering the path up to this node: the recent window starts after it.
     covers_through: str | None = None
+    # Messages this proposal shows verbatim (retrieved history): the recent window starts after the
+    # newest of them, so nothing is sent twice.
+    verbatim_ids: tuple[str, ...] = ()
 
 
 class Section(Protocol):
-    name: str
-    # Default allowance under a large budget; scaled down when the budget is smaller.
-    allowance: int
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def allowance(self) -> int:
+        """Default allowance under a large budget; scaled down when the budget is smaller."""
+        ...
+
+    def allowance_for(self, build: BuildInput) -> int:
+        """This request's allowance (before scaling): a section may ask for more when the question
+        needs it, e.g. retrieval when the question asks about the past."""
+        ...
 
     async def propose(self, build: BuildInput, allowance: int) -> Proposal: ...

@@ -20,6 +20,9 @@ class SummarySection:
     allowance: int
     name: str = "summary"
 
+    def allowance_for(self, build: BuildInput) -> int:
+        return self.allowance
+
     async def propose(self, build: BuildInput, allowance: int) -> Proposal:
         state = build.call.state
         if state.conversation_id is None or not build.history:

@@ -1,0 +1,292 @@
+"""Evidence recall on LoCoMo through the real gateway server (issue 5's benchmark).
+
+Replays each LoCoMo conversation through the gateway the way a chat app would (the official SDK resending
+the whole history; speaker A as the user, speaker B's turns as the upstream's answers; the gateway's clock
+set to each session's date), waits for the background jobs (embedding), then asks every question of
+categories 1-4 as a branch at the end of the conversation, once per budget, and scores what the gateway
+actually forwarded to the (fake) upstream: the share of each question's evidence turns present verbatim.
+Also prints retrieval latency (the retrieval section's own time per request, from its ContextReport)
+and tokens sent.
+
+    python benchmarks/locomo.py [--data ../shared/locomo/locomo-dev.json] [--budgets 2000,4000,8000]
+
+The data is CC BY-NC 4.0: read it from its path, never copy it into this repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+from openai import OpenAI
+
+from gateway.app import create_app
+from gateway.config import parse_config
+from gateway.fakes.openai_upstream import FakeUpstream, Reply
+from gateway.fakes.server import BackgroundServer
+from gateway.wiring import build_deps
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = ROOT.parent / "shared" / "locomo" / "locomo-dev.json"
+KEY = "sk-gw-bench"
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+_DATE = re.compile(r"(\d{1,2}):(\d{2})\s*(am|pm) on (\d{1,2}) (\w+),? (\d{4})", re.I)
+_MONTHS = {m: i + 1 for i, m in enumerate(
+    ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+     "november", "december"])}  # fmt: skip
+
+
+class Clock:
+    """The gateway's clock, set by the replay to each session's date."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2023, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    turns: list[tuple[str, str, str, datetime]]  # (dia_id, role, content, when)
+    questions: list[tuple[str, list[str], int]]  # (question, evidence dia_ids, category)
+    skipped_evidence: int = 0
+    repaired_evidence: int = 0
+
+
+@dataclass
+class Score:
+    recall: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
+    tokens: list[int] = field(default_factory=list)
+    retrieval_ms: list[float] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+def session_date(text: str) -> datetime:
+    match = _DATE.search(text)
+    if match is None:
+        raise ValueError(f"unparsed session date: {text!r}")
+    hour, minute, half, day, month, year = match.groups()
+    hour_24 = int(hour) % 12 + (12 if half.lower() == "pm" else 0)
+    return datetime(int(year), _MONTHS[month.lower()], int(day), hour_24, int(minute), tzinfo=UTC)
+
+
+def content_of(turn: dict[str, Any]) -> str:
+    text = f"{turn['speaker']}: {turn['text']}"
+    if turn.get("blip_caption"):
+        text += f" [shares a photo: {turn['blip_caption']}]"
+    return text
+
+
+def load(path: Path) -> list[Sample]:
+    samples = []
+    for raw in json.loads(path.read_text()):
+        conversation = raw["conversation"]
+        speaker_a = conversation["speaker_a"]
+        turns = []
+        sessions = sorted(
+            (int(k.split("_")[1]), k)
+            for k, v in conversation.items()
+            if re.fullmatch(r"session_\d+", k) and isinstance(v, list)
+        )
+        for number, key in sessions:
+            start = session_date(conversation[f"{key}_date_time"])
+            for offset, turn in enumerate(conversation[key]):
+                role = "user" if turn["speaker"] == speaker_a else "assistant"
+                turns.append((turn["dia_id"], role, content_of(turn), start + timedelta(seconds=30 * offset)))
+            del number
+        known = {t[0] for t in turns}
+        sample = Sample(raw["sample_id"], turns, [])
+        for qa in raw["qa"]:
+            if qa["category"] not in CATEGORIES:
+                continue
+            evidence = []
+            for item in qa["evidence"]:
+                for part in re.split(r"[;,\s]+", item):
+                    fixed = re.sub(r"^D:?(\d+):(\d+)$", r"D\1:\2", part.strip())
+                    if fixed in known:
+                        evidence.append(fixed)
+                        sample.repaired_evidence += fixed != part.strip()
+                    elif part.strip():
+                        sample.skipped_evidence += 1
+            if evidence:
+                sample.questions.append((qa["question"], sorted(set(evidence)), qa["category"]))
+        samples.append(sample)
+    return samples
+
+
+def config(data_dir: Path, upstream_url: str, budget: int, retrieval: bool) -> Any:
+    tenant = {
+        "name": "bench",
+        "api_keys": [KEY],
+        "upstream": {"base_url": upstream_url, "api_key": "sk-upstream"},
+        "context": {"budget_tokens": budget},
+        # Summaries carry no verbatim turns, so they cannot count as evidence: measured without them.
+        "compaction": {"enabled": False},
+        "retrieval": {"enabled": retrieval},
+    }
+    storage = {"database_url": f"sqlite:///{data_dir}/gateway.db", "data_dir": str(data_dir)}
+    return parse_config({"tenants": [tenant], "storage": storage, "jobs": {"workers": 1}}, {})
+
+
+def wait_for_jobs(url: str, timeout: float = 3600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs = httpx.get(f"{url}/healthz").json()["jobs"] or {}
+        if not jobs.get("queued") and not jobs.get("running"):
+            if jobs.get("failed"):
+                print(f"  warning: {jobs['failed']} failed jobs", file=sys.stderr)
+            return
+        time.sleep(0.5)
+    raise TimeoutError("background jobs did not finish")
+
+
+def replay(client: OpenAI, fake: FakeUpstream, clock: Clock, sample: Sample) -> list[dict[str, str]]:
+    """Send the conversation turn by turn; returns the full history as the chat app holds it."""
+    messages: list[dict[str, str]] = []
+    for _, role, content, when in sample.turns:
+        clock.now = when
+        if role == "user" or not messages or messages[-1]["role"] != "user":
+            messages.append({"role": role, "content": content})  # sent with the next request
+            continue
+        fake.enqueue(Reply(content=content))
+        answer = client.chat.completions.create(
+            model="gpt-4o-mini", messages=messages, extra_headers={"X-User-Id": sample.sample_id}
+        )
+        messages.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
+    return messages
+
+
+def ask(
+    client: OpenAI, gateway_url: str, fake: FakeUpstream, sample: Sample, history: list[dict[str, str]],
+    score: Score,
+) -> None:  # fmt: skip
+    contents = {dia: content for dia, _, content, _ in sample.turns}
+    for question, evidence, category in sample.questions:
+        fake.received.clear()
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini",
+            messages=[*history, {"role": "user", "content": question}],
+            extra_headers={"X-User-Id": sample.sample_id},
+        )
+        sent = fake.last_chat().body["messages"]
+        forwarded = "\n".join(str(m.get("content")) for m in sent)
+        found = sum(contents[e] in forwarded for e in evidence)
+        score.recall[category].append(found / len(evidence))
+        score.tokens.append(int(raw.headers.get("x-context-tokens-sent", 0)))
+        record = httpx.get(
+            f"{gateway_url}/api/requests/{raw.headers['x-gateway-request-id']}",
+            headers={"authorization": f"Bearer {KEY}"},
+        ).json()
+        retrieval = ((record.get("report") or {}).get("sections") or {}).get("retrieval")
+        if retrieval and "search_ms" in retrieval:
+            score.retrieval_ms.append(float(retrieval["search_ms"]))
+        elif retrieval and "skipped" in retrieval:
+            score.skipped[str(retrieval["skipped"])] += 1
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def report(name: str, score: Score) -> dict[str, Any]:
+    every = [v for values in score.recall.values() for v in values]
+    row: dict[str, Any] = {
+        "variant": name,
+        "questions": len(every),
+        "overall": 100 * statistics.fmean(every),
+        **{CATEGORIES[c]: 100 * statistics.fmean(v) for c, v in sorted(score.recall.items())},
+        "tokens_mean": statistics.fmean(score.tokens),
+        "tokens_max": max(score.tokens),
+        "retrieval_p50_ms": percentile(score.retrieval_ms, 0.5),
+        "retrieval_p95_ms": percentile(score.retrieval_ms, 0.95),
+    }
+    if score.skipped:
+        row["skipped"] = dict(score.skipped)
+    cats = " ".join(
+        f"{CATEGORIES[c]} {100 * statistics.fmean(v):5.1f}" for c, v in sorted(score.recall.items())
+    )
+    print(
+        f"{name:<22} recall {row['overall']:5.1f} %  ({cats})  tokens mean {row['tokens_mean']:.0f} "
+        f"max {row['tokens_max']}  retrieval p50 {row['retrieval_p50_ms']:.1f} ms "
+        f"p95 {row['retrieval_p95_ms']:.1f} ms" + (f"  skipped {row['skipped']}" if score.skipped else "")
+    )
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--budgets", default="2000,4000,8000")
+    parser.add_argument("--conversations", type=int, default=0, help="only the first N (0: all)")
+    parser.add_argument("--window-only", action="store_true", help="also measure without retrieval")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args()
+    if not args.data.exists():
+        sys.exit(f"LoCoMo data not found at {args.data} (pass --data)")
+    samples = load(args.data)
+    if args.conversations:
+        samples = samples[: args.conversations]
+    budgets = [int(b) for b in args.budgets.split(",")]
+    questions = sum(len(s.questions) for s in samples)
+    print(
+        f"{len(samples)} conversations, {sum(len(s.turns) for s in samples)} turns, {questions} questions "
+        f"(categories 1-4); evidence ids repaired {sum(s.repaired_evidence for s in samples)}, "
+        f"skipped {sum(s.skipped_evidence for s in samples)}"
+    )
+    fake = FakeUpstream()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, BackgroundServer(fake.app()) as upstream:
+        data_dir = Path(tmp)
+        upstream_url = f"{upstream.url}/v1"
+        variants = [(f"budget {b}", b, True) for b in budgets]
+        if args.window_only:
+            variants += [(f"window only {b}", b, False) for b in budgets]
+        clock = Clock()
+        histories: dict[str, list[dict[str, str]]] = {}
+        for index, (name, budget, retrieval) in enumerate(variants):
+            cfg = config(data_dir, upstream_url, budget, retrieval)
+            deps = build_deps(cfg, clock=clock)
+            with BackgroundServer(create_app(cfg, deps)) as gateway:
+                client = OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0)
+                if index == 0:
+                    fake.record = False
+                    started = time.perf_counter()
+                    for sample in samples:
+                        histories[sample.sample_id] = replay(client, fake, clock, sample)
+                        print(f"  replayed {sample.sample_id}: {len(sample.turns)} turns", flush=True)
+                    replayed = time.perf_counter() - started
+                    wait_for_jobs(gateway.url)
+                    print(
+                        f"  replay {replayed:.0f} s, indexing done after {time.perf_counter() - started:.0f} s"
+                    )
+                    fake.record = True
+                score = Score()
+                for sample in samples:
+                    ask(client, gateway.url, fake, sample, histories[sample.sample_id], score)
+                rows.append(report(name, score))
+            asyncio.run(deps.aclose())  # the app's lifespan did not build these deps, so it leaves them
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

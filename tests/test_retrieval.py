@@ -1,0 +1,322 @@
+"""Retrieval end to end: the real gateway, real LanceDB in a temp directory, the real local embedder,
+driven by the official SDK; what counts is what the fake upstream received."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.adapters.lance_index import LanceIndex
+from gateway.records import SearchQuery
+from gateway.wiring import index_table
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
+
+TOPICS = [
+    "the weather in Lisbon was mild and sunny all week",
+    "we compared three sourdough recipes and their hydration",
+    "the football match went to extra time before a late goal",
+    "a long walk along the river with the dog after lunch",
+    "notes on a novel about a lighthouse keeper and his brother",
+    "planning a birthday dinner with pasta and a lemon tart",
+    "the garden needs new tomato stakes before the summer",
+    "a podcast episode about the history of Roman roads",
+]
+SMALL = {"budget_tokens": 400}
+NO_SUMMARIES = {"enabled": False}
+
+
+def filler(count: int, offset: int = 0) -> list[dict[str, Any]]:
+    """`count` user/assistant exchanges about everyday things (no codes, no numbers)."""
+    out: list[dict[str, Any]] = []
+    for i in range(offset, offset + count):
+        topic = TOPICS[i % len(TOPICS)]
+        out.append({"role": "user", "content": f"Let us talk about this: {topic}."})
+        out.append({"role": "assistant", "content": f"Happy to. About {topic}, there is a lot to say."})
+    return out
+
+
+def gateway_with(make_gateway: Callable[..., Gateway], upstream: Upstream, **extra: Any) -> Gateway:
+    extra.setdefault("context", SMALL)
+    extra.setdefault("compaction", NO_SUMMARIES)
+    return make_gateway([tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY], **extra)])
+
+
+def injected(upstream: Upstream) -> str:
+    """The gateway's injected context block in the last forwarded request ('' if none)."""
+    messages = upstream.fake.last_chat().body["messages"]
+    return "\n".join(
+        str(m["content"])
+        for m in messages
+        if m["role"] == "system" and "<gateway_context>" in str(m["content"])
+    )
+
+
+def forwarded(upstream: Upstream) -> str:
+    return "\n".join(str(m.get("content")) for m in upstream.fake.last_chat().body["messages"])
+
+
+def say(gateway: Gateway, messages: list[dict[str, Any]], **headers: str) -> Any:
+    return gateway.client().chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=messages, extra_headers=headers
+    )
+
+
+def test_an_error_code_500_turns_back_is_retrieved(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = gateway_with(make_gateway, upstream)
+    history = [
+        {"role": "user", "content": "The nightly job died again."},
+        {
+            "role": "assistant",
+            "content": "The log shows ledger_sync.py failed with ECONNRESET-7731 at 02:14.",
+        },
+        *filler(249),
+        {"role": "user", "content": "Thanks, that is all for now."},
+    ]
+    say(gateway, history)  # a full-history client importing a long chat: 501 messages at once
+    wait_for_jobs(gateway, timeout=120)
+    history += [
+        {"role": "assistant", "content": upstream.fake.last_chat().body["messages"][-1]["content"]},
+        {"role": "user", "content": "Which error code did ledger_sync.py fail with?"},
+    ]
+    raw = say(gateway, history)
+    assert "ECONNRESET-7731" in injected(upstream)
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    retrieval = report["sections"]["retrieval"]
+    assert retrieval["message_ids"] and "ledger_sync.py" in retrieval["terms"]
+    assert report["sent_tokens"] <= 400
+    # Verbatim, with its neighbour (the question before it), labelled with a date.
+    assert "user: The nightly job died again." in injected(upstream)
+    assert "[20" in injected(upstream)
+
+
+def test_a_paraphrase_is_found_by_meaning(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> None:
+    gateway = gateway_with(make_gateway, upstream)
+    client = gateway.client()
+    thin = {"X-Conversation-Id": "pets-1"}
+    client.chat.completions.create(
+        model="gpt-4o",
+        messages=[
+            {"role": "user", "content": "We adopted a kitten from the shelter and called her Biscuit."}
+        ],
+        extra_headers=thin,
+    )
+    for exchange in range(12):
+        turn = filler(1, exchange)[0]
+        client.chat.completions.create(model="gpt-4o", messages=[turn], extra_headers=thin)
+    wait_for_jobs(gateway)
+    client.chat.completions.create(
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "What name did we give the animal we took home?"}],
+        extra_headers=thin,
+    )
+    assert "Biscuit" in injected(upstream)
+
+
+def test_a_retrieved_group_never_splits_a_tool_exchange(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = gateway_with(make_gateway, upstream)
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup_invoice", "arguments": "{}"}}
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "Look up the open invoice please."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "invoice INV-99812: total 420 EUR, due Friday"},
+        {"role": "assistant", "content": "It is due on Friday."},
+        *filler(20),
+        {"role": "user", "content": "ok"},
+    ]
+    say(gateway, history)
+    wait_for_jobs(gateway)
+    history += [
+        {"role": "assistant", "content": "fine"},
+        {"role": "user", "content": "What was the total of INV-99812?"},
+    ]
+    say(gateway, history)
+    block = injected(upstream)
+    assert "tool: invoice INV-99812" in block
+    # The call that asked for the result comes with it, right before it.
+    assert "assistant: <tool call lookup_invoice({})>\ntool: invoice INV-99812" in block
+
+
+def test_tenants_never_see_each_others_history(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    keys = {"a": "sk-gw-a", "b": "sk-gw-b"}
+    gateway = make_gateway(
+        [
+            tenant(n, upstream.base_url, api_keys=[k], context=SMALL, compaction=NO_SUMMARIES)
+            for n, k in keys.items()
+        ]
+    )
+    for name, key in keys.items():
+        secret = "the vault code is ZEBRA-4411" if name == "a" else "the vault code is unknown"
+        gateway.client(key).chat.completions.create(
+            model="gpt-4o",
+            messages=[{"role": "user", "content": f"Remember: {secret}."}],
+            extra_headers={"X-Conversation-Id": "shared-id"},
+        )
+        for exchange in range(10):
+            gateway.client(key).chat.completions.create(
+                model="gpt-4o",
+                messages=[filler(1, exchange)[0]],
+                extra_headers={"X-Conversation-Id": "shared-id"},
+            )
+    wait_for_jobs(gateway)
+    question = [{"role": "user", "content": "What was the vault code ZEBRA-4411 about?"}]
+    gateway.client(keys["b"]).chat.completions.create(
+        model="gpt-4o", messages=question, extra_headers={"X-Conversation-Id": "shared-id"}
+    )
+    assert "Remember: the vault code is ZEBRA-4411" not in forwarded(upstream)
+    gateway.client(keys["a"]).chat.completions.create(
+        model="gpt-4o", messages=question, extra_headers={"X-Conversation-Id": "shared-id"}
+    )
+    assert "Remember: the vault code is ZEBRA-4411" in injected(upstream)  # the control: it is findable
+
+
+def test_other_conversations_only_of_the_same_user(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = gateway_with(make_gateway, upstream, retrieval={"other_conversations": True})
+    client = gateway.client()
+
+    def chat(conversation: str, user: str, text: str) -> None:
+        client.chat.completions.create(
+            model="gpt-4o",
+            messages=[{"role": "user", "content": text}],
+            extra_headers={"X-Conversation-Id": conversation, "X-User-Id": user},
+        )
+
+    chat("alice-1", "alice", "My gym locker code is 5813, do not forget it.")
+    for exchange in range(6):
+        chat("alice-1", "alice", filler(1, exchange)[0]["content"])
+    for exchange in range(15):  # long enough to be rebuilt (a chat that fits the budget goes out unchanged)
+        chat("bob-1", "bob", filler(1, exchange + 3)[0]["content"])
+        chat("alice-2", "alice", filler(1, exchange + 3)[0]["content"])
+    wait_for_jobs(gateway)
+    raw = gateway.client().chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "What is my gym locker code 5813 for?"}],
+        extra_headers={"X-Conversation-Id": "bob-1", "X-User-Id": "bob"},
+    )
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    assert (
+        report["sections"]["retrieval"]["other_conversations"] == []
+    )  # it looked, and found nothing of bob's
+    assert "My gym locker code is 5813" not in forwarded(upstream)
+    chat("alice-2", "alice", "What is my gym locker code?")
+    block = injected(upstream)
+    assert "other conversations" in block and "My gym locker code is 5813" in block
+
+
+def test_a_branch_never_retrieves_another_branchs_messages(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = gateway_with(make_gateway, upstream)
+    opening = [
+        {"role": "user", "content": "Let us name the project."},
+        {"role": "assistant", "content": "Sure."},
+    ]
+    branches = {}
+    for codename in ("ALPHA-7", "BETA-3"):  # the second is an edit of the same turn: a sibling branch
+        history = [
+            *opening,
+            {"role": "user", "content": f"The project codename is {codename}."},
+            {"role": "assistant", "content": "Noted."},
+            *filler(15),
+            {"role": "user", "content": "ok"},
+        ]
+        say(gateway, history)
+        branches[codename] = [*history, {"role": "assistant", "content": "fine"}]
+    wait_for_jobs(gateway)
+    say(gateway, [*branches["BETA-3"], {"role": "user", "content": "What was the project codename again?"}])
+    sent = forwarded(upstream)
+    assert "The project codename is BETA-3." in sent
+    assert "ALPHA-7" not in sent
+
+
+def test_deleting_a_conversation_or_a_user_removes_its_vectors(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = gateway_with(make_gateway, upstream)
+    client = gateway.client()
+    for conversation, user in (("c-1", "carol"), ("c-2", "carol"), ("d-1", "dave")):
+        client.chat.completions.create(
+            model="gpt-4o",
+            messages=[{"role": "user", "content": f"The launch password in {conversation} is KAPPA-9911."}],
+            extra_headers={"X-Conversation-Id": conversation, "X-User-Id": user},
+        )
+    wait_for_jobs(gateway)
+    ids = {c["external_id"]: c["id"] for c in api(gateway, "/conversations")["data"]}
+
+    async def rows(conversation_id: str) -> int:
+        index = LanceIndex.open(
+            gateway.config.storage.index_location, index_table("all-MiniLM-L6-v2-int8"), 384
+        )
+        query = SearchQuery(
+            tenant="acme",
+            text="KAPPA-9911",
+            vector=[1.0] + [0.0] * 383,
+            limit=10,
+            conversation_id=conversation_id,
+        )
+        found = await index.search(query)
+        await index.aclose()
+        return len(found.semantic) + len(found.keyword)
+
+    assert all(asyncio.run(rows(i)) > 0 for i in ids.values())
+    headers = {"Authorization": f"Bearer {GATEWAY_KEY}"}
+    gone = httpx.delete(f"{gateway.server.url}/api/conversations/{ids['d-1']}", headers=headers)
+    assert gone.status_code == 200 and gone.json()["deleted"] is True
+    assert asyncio.run(rows(ids["d-1"])) == 0
+    assert asyncio.run(rows(ids["c-1"])) > 0
+    user = httpx.delete(f"{gateway.server.url}/api/users/carol", headers=headers)
+    assert sorted(user.json()["conversations"]) == sorted([ids["c-1"], ids["c-2"]])
+    assert asyncio.run(rows(ids["c-1"])) == 0 and asyncio.run(rows(ids["c-2"])) == 0
+    assert api(gateway, "/conversations")["data"] == []
+    missing = httpx.delete(f"{gateway.server.url}/api/conversations/{ids['d-1']}", headers=headers)
+    assert missing.status_code == 404
+
+
+@pytest.mark.parametrize("budget", [400])
+def test_messages_not_yet_embedded_are_found_by_keyword(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], budget: int
+) -> None:
+    # The embedder is broken (the provider answers vectors of the wrong size): no vector is ever stored.
+    broken = {"embedder": {"provider": "upstream", "model": "fake-embed", "dimensions": 8}}
+    gateway = make_gateway(
+        [
+            tenant(
+                "acme",
+                upstream.base_url,
+                api_keys=[GATEWAY_KEY],
+                context={"budget_tokens": budget},
+                compaction=NO_SUMMARIES,
+                retrieval=broken,
+            )
+        ],
+        jobs={"max_attempts": 1},
+    )
+    history = [
+        {"role": "user", "content": "Which port did we pick for the staging proxy?"},
+        {"role": "assistant", "content": "We picked port 8443 for staging_proxy.conf."},
+        *filler(20),
+        {"role": "user", "content": "ok"},
+    ]
+    say(gateway, history)
+    jobs = wait_for_jobs(gateway)
+    assert jobs.get("failed", 0) >= 1  # embedding failed for good ...
+    say(
+        gateway,
+        [
+            *history,
+            {"role": "assistant", "content": "fine"},
+            {"role": "user", "content": "Which file had port 8443?"},
+        ],
+    )
+    assert "We picked port 8443 for staging_proxy.conf." in injected(upstream)  # ... keyword search found it
