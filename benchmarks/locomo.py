@@ -72,6 +72,8 @@ class Score:
     recall: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     tokens: list[int] = field(default_factory=list)
     retrieval_ms: list[float] = field(default_factory=list)
+    parts_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    shares: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
@@ -128,7 +130,9 @@ def load(path: Path) -> list[Sample]:
     return samples
 
 
-def config(data_dir: Path, upstream_url: str, budget: int, retrieval: bool) -> Any:
+def config(
+    data_dir: Path, upstream_url: str, budget: int, retrieval: bool, tuning: dict[str, Any] | None = None
+) -> Any:
     tenant = {
         "name": "bench",
         "api_keys": [KEY],
@@ -136,7 +140,7 @@ def config(data_dir: Path, upstream_url: str, budget: int, retrieval: bool) -> A
         "context": {"budget_tokens": budget},
         # Summaries carry no verbatim turns, so they cannot count as evidence: measured without them.
         "compaction": {"enabled": False},
-        "retrieval": {"enabled": retrieval},
+        "retrieval": {"enabled": retrieval, **(tuning or {})},
     }
     storage = {"database_url": f"sqlite:///{data_dir}/gateway.db", "data_dir": str(data_dir)}
     return parse_config({"tenants": [tenant], "storage": storage, "jobs": {"workers": 1}}, {})
@@ -191,9 +195,15 @@ def ask(
             f"{gateway_url}/api/requests/{raw.headers['x-gateway-request-id']}",
             headers={"authorization": f"Bearer {KEY}"},
         ).json()
-        retrieval = ((record.get("report") or {}).get("sections") or {}).get("retrieval")
+        sections = (record.get("report") or {}).get("sections") or {}
+        retrieval = sections.get("retrieval")
+        score.shares["window tokens"].append(float((sections.get("window") or {}).get("tokens", 0)))
+        score.shares["retrieved tokens"].append(float((retrieval or {}).get("tokens", 0)))
+        score.shares["groups"].append(float(len((retrieval or {}).get("groups", []))))
         if retrieval and "search_ms" in retrieval:
             score.retrieval_ms.append(float(retrieval["search_ms"]))
+            for part, ms in (retrieval.get("timings_ms") or {}).items():
+                score.parts_ms[part].append(float(ms))
         elif retrieval and "skipped" in retrieval:
             score.skipped[str(retrieval["skipped"])] += 1
 
@@ -217,6 +227,9 @@ def report(name: str, score: Score) -> dict[str, Any]:
         "retrieval_p50_ms": percentile(score.retrieval_ms, 0.5),
         "retrieval_p95_ms": percentile(score.retrieval_ms, 0.95),
     }
+    for part, values in score.parts_ms.items():
+        row[f"{part}_p50_ms"] = percentile(values, 0.5)
+        row[f"{part}_p95_ms"] = percentile(values, 0.95)
     if score.skipped:
         row["skipped"] = dict(score.skipped)
     cats = " ".join(
@@ -227,6 +240,13 @@ def report(name: str, score: Score) -> dict[str, Any]:
         f"max {row['tokens_max']}  retrieval p50 {row['retrieval_p50_ms']:.1f} ms "
         f"p95 {row['retrieval_p95_ms']:.1f} ms" + (f"  skipped {row['skipped']}" if score.skipped else "")
     )
+    shares = ", ".join(f"{name} {statistics.fmean(v):.0f}" for name, v in score.shares.items() if v)
+    print(f"{'':<22} mean per question: {shares}")
+    if score.parts_ms:
+        parts = ", ".join(
+            f"{part} {row[f'{part}_p50_ms']:.1f}/{row[f'{part}_p95_ms']:.1f}" for part in score.parts_ms
+        )
+        print(f"{'':<22} retrieval parts p50/p95 ms: {parts}")
     return row
 
 
@@ -239,6 +259,10 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=0, help="only the first N (0: all)")
     parser.add_argument("--window-only", action="store_true", help="also measure without retrieval")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a retrieval setting for every variant, e.g. --set candidates=120 (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not args.data.exists():
         sys.exit(f"LoCoMo data not found at {args.data} (pass --data)")
@@ -246,6 +270,7 @@ def main() -> None:
     if args.conversations:
         samples = samples[: args.conversations]
     budgets = [int(b) for b in args.budgets.split(",")]
+    tuning = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
     questions = sum(len(s.questions) for s in samples)
     print(
         f"{len(samples)} conversations, {sum(len(s.turns) for s in samples)} turns, {questions} questions "
@@ -263,7 +288,7 @@ def main() -> None:
         clock = Clock()
         histories: dict[str, list[dict[str, str]]] = {}
         for index, (name, budget, retrieval) in enumerate(variants):
-            cfg = config(data_dir, upstream_url, budget, retrieval)
+            cfg = config(data_dir, upstream_url, budget, retrieval, tuning)
             deps = build_deps(cfg, clock=clock)
             with BackgroundServer(create_app(cfg, deps)) as gateway:
                 client = OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0)

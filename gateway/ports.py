@@ -209,6 +209,10 @@ class Embedder(Protocol):
         """One L2-normalised vector per text, in order. Raises `EmbeddingError` on failure."""
         ...
 
+    async def embed_query(self, text: str) -> list[float]:
+        """One text on the request path: it must not queue behind background batches."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

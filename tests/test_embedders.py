@@ -118,6 +118,29 @@ def test_onnx_concurrent_calls_do_not_mix_results(onnx: OnnxEmbedder) -> None:
         assert max(abs(x - y) for x, y in zip(got, expected, strict=True)) < 1e-4
 
 
+def test_onnx_query_lane_runs_beside_a_background_batch() -> None:
+    embedder = OnnxEmbedder(threads=1, batch_size=64)  # one long batch of 64
+    texts = [f"background message number {i} about the deployment of the billing service" for i in range(64)]
+    query = "which port did we pick for staging?"
+    finished: list[str] = []
+
+    async def scenario() -> tuple[list[float], list[float]]:
+        async def background() -> None:
+            await embedder.embed(texts)
+            finished.append("batch")
+
+        task = asyncio.ensure_future(background())
+        await asyncio.sleep(0.02)  # the batch is running in its worker thread
+        vector = await embedder.embed_query(query)
+        finished.append("query")
+        await task
+        return vector, (await embedder.embed([query]))[0]
+
+    vector, batched = run(scenario)
+    assert finished == ["query", "batch"]  # it did not wait for the batch to end
+    assert cosine(vector, batched) > 0.9999
+
+
 def test_onnx_truncates_at_256_word_pieces(onnx: OnnxEmbedder) -> None:
     words = [
         "memory",

@@ -19,6 +19,7 @@ from lancedb.query import MatchQuery
 from gateway.adapters.lance_index import LanceIndex, keyword_query, table_name
 from gateway.errors import SearchIndexError
 from gateway.fakes.memory_index import MemoryIndex
+from gateway.ports import VectorIndex
 from gateway.records import IndexRow, SearchQuery
 
 T = TypeVar("T")
@@ -90,12 +91,12 @@ TARGETS = {
 
 def corpus() -> list[IndexRow]:
     rows = [row(f"f{i}", FILLER[i % len(FILLER)], depth=i) for i in range(270)]
-    rows += [
-        row(node, text, depth=300 + i)
-        for i, node_text in enumerate(TARGETS.items())
-        for node, text in [node_text]
-    ]
+    rows += [row(node, text, depth=300 + i) for i, (node, text) in enumerate(TARGETS.items())]
     return rows
+
+
+def _implements_the_port(lance: LanceIndex, memory: MemoryIndex) -> list[VectorIndex]:
+    return [lance, memory]  # checked by mypy, never called
 
 
 @pytest.fixture(params=["lance", "memory"])
@@ -461,7 +462,13 @@ def test_open_creates_schema_and_indexes_and_checks_dimensions(tmp_path: Path) -
     assert fields["vector"].nullable and fields["vector"].type.list_size == 8
     assert str(fields["created_at"].type) == "timestamp[us, tz=UTC]"
     indexed = {column: i.index_type for i in table.list_indices() for column in i.columns}
-    assert indexed == {"tenant": "BTree", "conversation_id": "BTree", "user_id": "BTree", "text": "FTS"}
+    assert indexed == {
+        "id": "BTree",
+        "tenant": "Bitmap",
+        "conversation_id": "BTree",
+        "user_id": "BTree",
+        "text": "FTS",
+    }
     LanceIndex.open(uri, "openai/text-embedding-3-small", 8)  # reopening is fine
     with pytest.raises(SearchIndexError, match="8"):
         LanceIndex.open(uri, "openai/text-embedding-3-small", 16)
@@ -478,6 +485,7 @@ def test_indexes_deferred_until_the_first_add(tmp_path: Path) -> None:
     run(index.add([row("a", "alpha ECONNRESET")]))
     table = lancedb.connect(uri).open_table("bare")
     assert {c for i in table.list_indices() for c in i.columns} == {
+        "id",
         "tenant",
         "conversation_id",
         "user_id",

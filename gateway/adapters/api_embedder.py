@@ -77,6 +77,9 @@ class ApiEmbedder:
         normalised: list[list[float]] = (vectors / np.maximum(norms, 1e-12)).tolist()
         return normalised
 
+    async def embed_query(self, text: str) -> list[float]:
+        return (await self.embed([text]))[0]
+
     async def aclose(self) -> None:
         # The upstream belongs to its tenant, which closes it; it may be serving chats still.
         return None

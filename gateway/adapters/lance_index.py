@@ -29,7 +29,7 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 from lancedb.expr import Expr, col, lit
-from lancedb.index import FTS, BTree
+from lancedb.index import FTS, Bitmap, BTree
 from lancedb.query import BooleanQuery, FullTextOperator, FullTextQuery, MatchQuery, Occur, PhraseQuery
 from lancedb.table import AsyncTable
 
@@ -64,7 +64,6 @@ FTS_CONFIG = FTS(
     remove_stop_words=True,
     ascii_folding=True,
 )
-_SCALAR_INDEXES = ("tenant", "conversation_id", "user_id")
 _HIT_COLUMNS = ["node_id", "conversation_id", "view", "depth", "created_at"]
 _WORD = re.compile(r"[^\W_]")
 # Identifier-like chunks (parse_config.py, user_profile_cache, 10.0.0.1, src/app.ts): matched also as a
@@ -112,13 +111,21 @@ def schema(dimensions: int) -> pa.Schema:
     )
 
 
-def _index_configs() -> dict[str, BTree | FTS]:
-    configs: dict[str, BTree | FTS] = {column: BTree() for column in _SCALAR_INDEXES}
-    configs["text"] = FTS_CONFIG
-    return configs
+def _index_configs() -> dict[str, BTree | Bitmap | FTS]:
+    # A bitmap for the few tenants (measured: both rankings ~1.5 ms faster than with a BTree, whose
+    # lookup of a whole tenant's row ids is then intersected with the conversation's); BTrees for the
+    # many users and conversations, and for the row key, which merge_insert joins on (set_vectors ran
+    # 3.5x faster with it, add 1.4x, at 100k rows).
+    return {
+        "id": BTree(),
+        "tenant": Bitmap(),
+        "user_id": BTree(),
+        "conversation_id": BTree(),
+        "text": FTS_CONFIG,
+    }
 
 
-def _missing_indexes(existing: Sequence[Any]) -> dict[str, BTree | FTS]:
+def _missing_indexes(existing: Sequence[Any]) -> dict[str, BTree | Bitmap | FTS]:
     indexed = {column for index in existing for column in index.columns}
     return {column: config for column, config in _index_configs().items() if column not in indexed}
 

@@ -82,6 +82,9 @@ class OnnxEmbedder:
         # One batch at a time: the session is thread-safe, but concurrent runs would take more cores than
         # `threads`, and a query waits for at most one batch of a long background job, not all of it.
         self._limiter = anyio.CapacityLimiter(1)
+        # Queries (the request path) have a lane of their own: a query runs beside a background batch
+        # (briefly one more core) rather than after it. One query at a time keeps that bounded.
+        self._query_limiter = anyio.CapacityLimiter(1)
 
     @classmethod
     def load(cls, threads: int = 1, batch_size: int = 32) -> OnnxEmbedder:
@@ -108,6 +111,11 @@ class OnnxEmbedder:
             for i, row in zip(chunk, rows.tolist(), strict=True):
                 vectors[i] = row
         return vectors
+
+    async def embed_query(self, text: str) -> list[float]:
+        rows = await anyio.to_thread.run_sync(self._run, [text], limiter=self._query_limiter)
+        vector: list[float] = rows[0].tolist()
+        return vector
 
     def _run(self, texts: list[str]) -> FloatArray:
         """Tokenise, infer and pool one batch (in a worker thread)."""

@@ -52,5 +52,8 @@ class HashingEmbedder:
         norm = math.sqrt(sum(c * c for c in counts))
         return [c / norm for c in counts]
 
+    async def embed_query(self, text: str) -> list[float]:
+        return (await self.embed([text]))[0]
+
     async def aclose(self) -> None:
         self.closed = True

@@ -64,12 +64,14 @@ class ContextBuilder:
         available = max(budget.input_tokens - system_tokens - current_tokens - fixed_extra, 0)
 
         window = RecentWindow(self.config.recent_tokens)
-        wanted = [section.allowance_for(build) for section in self.sections]
         scale = min(1.0, available / max(window.allowance + sum(s.allowance for s in self.sections), 1))
+        share = window.allowance * scale
+        # Sections plan against the smallest window there can be (retrieval searches what lies before it).
+        build = replace(build, window=(await window.propose(build, int(share * WINDOW_FLOOR))).messages)
+        wanted = [await section.plan(build) for section in self.sections]
         # A section that asks for more than its default (retrieval, for a question about the past) takes
         # the extra from the window's share, which keeps at least WINDOW_FLOOR of it; the summary keeps its.
         extra = sum(max(w - s.allowance, 0) for w, s in zip(wanted, self.sections, strict=True)) * scale
-        share = window.allowance * scale
         reserved = int(max(share - extra, share * WINDOW_FLOOR))
         spare = available - reserved  # the window always keeps its own share
         # What the window keeps at that share: the other sections work on what lies before it.

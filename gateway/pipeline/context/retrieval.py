@@ -31,6 +31,9 @@ RRF_K = 60
 # A question that neither points at the past nor names an exact term gets history only when the best
 # semantic match is at least this close (cosine); below it the tokens go to the recent window instead.
 MIN_SIMILARITY = 0.35
+# A match this close (cosine) in old history is worth more room than the recent window's tail.
+RECALL_SIMILARITY = 0.5
+NEIGHBOUR_SHARE = 0.5
 HEADER = "## Retrieved from earlier in this conversation (verbatim, oldest first)"
 OTHER_HEADER = "## Retrieved from this user's other conversations (verbatim)"
 OTHER_MAX = 3  # groups from other conversations: each costs a store read
@@ -43,6 +46,23 @@ class _Candidate:
     created_at: datetime | None = None
     conversation_id: str = ""
     views: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Found:
+    """What planning found, kept for `propose` (positions index `path`)."""
+
+    facts: QuestionFacts
+    path: list[HistoryItem] = field(default_factory=list)
+    positions: dict[str, int] = field(default_factory=dict)
+    first_depth: int = 0
+    on_path: list[_Candidate] = field(default_factory=list)
+    other: SearchResult | None = None
+    best_similarity: float = 0.0
+    matched_terms: list[str] = field(default_factory=list)
+    detail: JSONObject = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    started: float = 0.0
 
 
 @dataclass(slots=True)
@@ -69,26 +89,33 @@ class RetrievalSection:
     def allowance(self) -> int:
         return self.config.allowance_tokens
 
-    def allowance_for(self, build: BuildInput) -> int:
-        """More room when the question asks about the past or names exact terms: retrieval moves up."""
-        facts = self._facts(build)
-        if facts is not None and (facts.about_past or facts.terms):
+    async def plan(self, build: BuildInput) -> int:
+        """Search now (before the budget is split), then ask for room by what the question and the
+        scores say: more when it asks about the past, names a term found in old messages, or matches old
+        messages closely; the default for a fair match; nothing when nothing old is close."""
+        found = await self._find(build)
+        build.memo[self.name] = found
+        if not found.on_path:
+            return 0
+        facts = found.facts
+        if facts.about_past or found.matched_terms or found.best_similarity >= RECALL_SIMILARITY:
             return self.config.recall_allowance_tokens
-        return self.config.allowance_tokens
+        if found.best_similarity >= MIN_SIMILARITY:
+            return self.config.allowance_tokens
+        found.detail["skipped"] = "no close match"
+        return 0
 
-    def _facts(self, build: BuildInput) -> QuestionFacts | None:
-        question = _question(build.current)
-        return analyse(question, self.clock()) if question.strip() else None
-
-    async def propose(self, build: BuildInput, allowance: int) -> Proposal:
+    async def _find(self, build: BuildInput) -> _Found:
         state = build.call.state
-        facts = self._facts(build)
-        if state.conversation_id is None or state.leaf_id is None or facts is None or allowance <= 0:
-            return Proposal()
+        question = _question(build.current)
+        facts = analyse(question, self.clock())
+        found = _Found(facts)
+        if state.conversation_id is None or state.leaf_id is None or not question.strip():
+            return found
         started = time.perf_counter()
         # The stored path as far as this request holds it (all of it for a full-history client, the
         # newest stretch for a thin one), contiguous and ending at the newest message.
-        path = [item for item in build.call.state.items if item.node_id is not None]
+        path = [item for item in state.items if item.node_id is not None]
         first_depth = state.leaf_depth - len(path) + 1
         positions = {item.node_id: i for i, item in enumerate(path) if item.node_id is not None}
         history = {item.node_id for item in build.history}
@@ -96,18 +123,18 @@ class RetrievalSection:
         recent = {item.node_id for item in build.window} | {i for i in positions if i not in history}
         older = [i for i, item in enumerate(path) if item.node_id not in recent]
         if not older and first_depth <= 0:
-            return Proposal(detail={"skipped": "nothing outside the recent window"})
-        max_depth = first_depth + (older[-1] + 1 if older else 0)
-        question = _question(build.current)
+            found.detail["skipped"] = "nothing outside the recent window"
+            return found
         time_range = facts.time_range
         vector = await self._embed(question)
+        embedded = time.perf_counter()
         query = SearchQuery(
             tenant=build.call.tenant,
             text=question,
             vector=vector,
             limit=self.config.candidates,
             conversation_id=state.conversation_id,
-            max_depth=max_depth,
+            max_depth=first_depth + (older[-1] + 1 if older else 0),
             since=time_range.since if time_range else None,
             until=time_range.until if time_range else None,
         )
@@ -121,9 +148,11 @@ class RetrievalSection:
                 max_depth=None,
             )
         try:
-            result, other_result = await self._search(query, other)
+            result, found.other = await self._search(query, other)
         except StoreError:
-            return Proposal(detail={"skipped": "index unavailable"})
+            found.detail["skipped"] = "index unavailable"
+            return found
+        searched = time.perf_counter()
         candidates = _fuse(result)
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
             # A thin client's history holds only the newest stretch: read the whole path once.
@@ -133,31 +162,50 @@ class RetrievalSection:
             first_depth = 0
         on_path = [c for c in candidates if c.node_id in positions and c.node_id not in recent]
         texts = {c.node_id: message_text(path[positions[c.node_id]].message).lower() for c in on_path}
-        best_similarity = max((h.score for h in result.semantic if h.node_id in texts), default=0.0)
-        matched_terms = sorted({t for t in facts.terms for text in texts.values() if t in text})
+        found.best_similarity = max((h.score for h in result.semantic if h.node_id in texts), default=0.0)
+        found.matched_terms = sorted({t for t in facts.terms for text in texts.values() if t in text})
+        scores = {c.node_id: c.score for c in on_path}
         for c in on_path:
             c.score += sum(2.0 / RRF_K for t in facts.terms if t in texts[c.node_id])  # exact terms
             c.score += 0.1 / RRF_K * positions[c.node_id] / max(len(path), 1)  # recency breaks ties
+            # Evidence sits next to what matched: a message's neighbours share half its fused score.
+            for near in (positions[c.node_id] - 1, positions[c.node_id] + 1):
+                neighbour = path[near].node_id if 0 <= near < len(path) else None
+                if neighbour is not None and neighbour in scores:
+                    c.score += NEIGHBOUR_SHARE * scores[neighbour]
         on_path.sort(key=lambda c: c.score, reverse=True)
-        detail: JSONObject = {
-            "candidates": len(candidates),
-            "on_path": len(on_path),
-            "best_similarity": round(best_similarity, 3),
-            "about_past": facts.about_past,
-            "terms": list(matched_terms),
-        }
+        found.path, found.positions, found.first_depth, found.on_path = path, positions, first_depth, on_path
+        found.detail.update(
+            {
+                "candidates": len(candidates),
+                "on_path": len(on_path),
+                "best_similarity": round(found.best_similarity, 3),
+                "about_past": facts.about_past,
+                "terms": list(found.matched_terms),
+            }
+        )
         if time_range is not None:
-            detail["time_range"] = time_range.phrase
+            found.detail["time_range"] = time_range.phrase
+        found.timings = {"embed": embedded - started, "index": searched - embedded}
+        found.started = started
+        return found
+
+    async def propose(self, build: BuildInput, allowance: int) -> Proposal:
+        found = build.memo.get(self.name)
+        if not isinstance(found, _Found) or allowance <= 0 or not (found.on_path or found.other):
+            return Proposal(detail=found.detail if isinstance(found, _Found) else {})
+        ranking = time.perf_counter()
+        path, positions, detail = found.path, found.positions, found.detail
+        # The window may have grown since planning: what it now holds is not sent twice.
+        recent = {positions[i.node_id] for i in build.window if i.node_id in positions}
+        recent |= {positions[i.node_id] for i in build.current if i.node_id in positions}
         groups: list[_Group] = []
-        if on_path and (facts.about_past or matched_terms or best_similarity >= MIN_SIMILARITY):
-            recent_positions = {positions[i] for i in recent if i in positions}
-            groups = self._groups(build, path, positions, on_path, recent_positions, allowance)
-        elif on_path:
-            detail["skipped"] = "no close match"
+        if "skipped" not in detail:
+            groups = self._groups(build, path, positions, found.on_path, recent, allowance)
         others: list[_Group] = []
-        if other_result is not None:
+        if found.other is not None:
             room = allowance - sum(g.tokens for g in groups) - build.tokenizer.count(OTHER_HEADER)
-            others = await self._other_groups(build, other_result, facts, room)
+            others = await self._other_groups(build, found.other, found.facts, room)
             detail["other_conversations"] = [g.label for g in others]
         text, tokens = _compose(build, groups, others)
         while (groups or others) and tokens > allowance:  # the joins cost a little: drop the weakest
@@ -166,11 +214,20 @@ class RetrievalSection:
             text, tokens = _compose(build, groups, others)
         ids = [path[i].node_id for g in groups for i in range(g.start, g.end + 1)]
         detail["groups"] = [
-            {"from": first_depth + g.start, "to": first_depth + g.end, "score": round(g.score * RRF_K, 3)}
+            {
+                "from": found.first_depth + g.start,
+                "to": found.first_depth + g.end,
+                "score": round(g.score * RRF_K, 3),
+            }
             for g in groups
         ]
         detail["message_ids"] = [i for i in ids if i is not None]
-        detail["search_ms"] = round((time.perf_counter() - started) * 1000, 2)
+        ended = time.perf_counter()
+        timings = {**found.timings, "rank_and_group": ended - ranking}
+        detail["search_ms"] = round(
+            sum(timings.values()) * 1000, 2
+        )  # the section's own time, embedding included
+        detail["timings_ms"] = {k: round(v * 1000, 2) for k, v in timings.items()}
         return Proposal(
             tokens=tokens, text=text, detail=detail, verbatim_ids=tuple(i for i in ids if i is not None)
         )
@@ -220,7 +277,7 @@ class RetrievalSection:
         if self.embedder is None:
             return None
         try:
-            return (await self.embedder.embed([question]))[0]
+            return await self.embedder.embed_query(question)
         except EmbeddingError:
             return None  # keyword search still works
 

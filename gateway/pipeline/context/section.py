@@ -21,8 +21,11 @@ class BuildInput:
     system: list[HistoryItem]
     history: list[HistoryItem]
     current: list[HistoryItem]
-    # The newest history the recent window keeps at its own reserved share: other sections leave it be.
+    # The newest history the recent window keeps (at its smallest share while sections plan, at its
+    # reserved share when they propose): other sections leave it be.
     window: list[HistoryItem] = field(default_factory=list)
+    # What a section learned while planning, for its own `propose` of the same build.
+    memo: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -47,9 +50,9 @@ class Section(Protocol):
         """Default allowance under a large budget; scaled down when the budget is smaller."""
         ...
 
-    def allowance_for(self, build: BuildInput) -> int:
-        """This request's allowance (before scaling): a section may ask for more when the question
-        needs it, e.g. retrieval when the question asks about the past."""
+    async def plan(self, build: BuildInput) -> int:
+        """This request's allowance before scaling: the default, more when the question needs it
+        (retrieval, for a question about the past), or 0 when the section has nothing worth sending."""
         ...
 
     async def propose(self, build: BuildInput, allowance: int) -> Proposal: ...

@@ -20,7 +20,7 @@ class SummarySection:
     allowance: int
     name: str = "summary"
 
-    def allowance_for(self, build: BuildInput) -> int:
+    async def plan(self, build: BuildInput) -> int:
         return self.allowance
 
     async def propose(self, build: BuildInput, allowance: int) -> Proposal:
