@@ -117,12 +117,14 @@ def load(path: Path) -> list[Sample]:
                 continue
             evidence = []
             for item in qa["evidence"]:
-                for part in re.split(r"[;,\s]+", item):
-                    fixed = re.sub(r"^D:?(\d+):(\d+)$", r"D\1:\2", part.strip())
+                # Obvious repairs: "D8:6; D9:17" (two ids in one), "D:11:26", "D30:05"; others are skipped.
+                for part in re.split(r"[;,\s]+", item.strip()):
+                    match = re.fullmatch(r"D:?(\d+):(\d+)", part)
+                    fixed = f"D{int(match.group(1))}:{int(match.group(2))}" if match else part
                     if fixed in known:
                         evidence.append(fixed)
-                        sample.repaired_evidence += fixed != part.strip()
-                    elif part.strip():
+                        sample.repaired_evidence += fixed != item
+                    elif part:
                         sample.skipped_evidence += 1
             if evidence:
                 sample.questions.append((qa["question"], sorted(set(evidence)), qa["category"]))

@@ -150,7 +150,7 @@ class RetrievalConfig(_Frozen):
     # The allowance when the question asks about the past (or names a time): retrieval moves up.
     recall_allowance_tokens: int = Field(default=9_000, gt=0)
     neighbours: int = Field(default=1, ge=0)
-    candidates: int = Field(default=40, ge=1)
+    candidates: int = Field(default=120, ge=1)
     other_conversations: bool = False
 
 

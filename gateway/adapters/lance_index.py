@@ -17,11 +17,11 @@ import importlib.util
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, timedelta
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.to_thread
@@ -29,7 +29,7 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 from lancedb.expr import Expr, col, lit
-from lancedb.index import FTS, Bitmap, BTree
+from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.query import BooleanQuery, FullTextOperator, FullTextQuery, MatchQuery, Occur, PhraseQuery
 from lancedb.table import AsyncTable
 
@@ -125,7 +125,7 @@ def _index_configs() -> dict[str, BTree | Bitmap | FTS]:
     }
 
 
-def _missing_indexes(existing: Sequence[Any]) -> dict[str, BTree | Bitmap | FTS]:
+def _missing_indexes(existing: Iterable[IndexConfig]) -> dict[str, BTree | Bitmap | FTS]:
     indexed = {column for index in existing for column in index.columns}
     return {column: config for column, config in _index_configs().items() if column not in indexed}
 
@@ -317,7 +317,7 @@ class LanceIndex:
                 )
             ready = True
             try:
-                for column, config in _missing_indexes(list(created.list_indices())).items():
+                for column, config in _missing_indexes(created.list_indices()).items():
                     created.create_index(column, config=config)
             except _ENGINE_ERRORS as exc:
                 # Some engine versions refuse to index an empty table: retried after the first add.
@@ -375,7 +375,7 @@ class LanceIndex:
             # and a vector already set is not reset to null.
             await table.merge_insert("id").when_not_matched_insert_all().execute(data, on_bad_vectors="null")
             if not self._indexes_ready:
-                for column, config in _missing_indexes(list(await table.list_indices())).items():
+                for column, config in _missing_indexes(await table.list_indices()).items():
                     await table.create_index(column, config=config)
                 self._indexes_ready = True
 

@@ -62,7 +62,6 @@ class _Found:
     matched_terms: list[str] = field(default_factory=list)
     detail: JSONObject = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
-    started: float = 0.0
 
 
 @dataclass(slots=True)
@@ -126,12 +125,10 @@ class RetrievalSection:
             found.detail["skipped"] = "nothing outside the recent window"
             return found
         time_range = facts.time_range
-        vector = await self._embed(question)
-        embedded = time.perf_counter()
         query = SearchQuery(
             tenant=build.call.tenant,
             text=question,
-            vector=vector,
+            vector=None,
             limit=self.config.candidates,
             conversation_id=state.conversation_id,
             max_depth=first_depth + (older[-1] + 1 if older else 0),
@@ -148,7 +145,7 @@ class RetrievalSection:
                 max_depth=None,
             )
         try:
-            result, found.other = await self._search(query, other)
+            result, found.other, embed_seconds = await self._search(query, other)
         except StoreError:
             found.detail["skipped"] = "index unavailable"
             return found
@@ -186,8 +183,11 @@ class RetrievalSection:
         )
         if time_range is not None:
             found.detail["time_range"] = time_range.phrase
-        found.timings = {"embed": embedded - started, "index": searched - embedded}
-        found.started = started
+        found.timings = {
+            "embed": embed_seconds,  # the keyword search runs meanwhile
+            "search": searched - started - embed_seconds,
+            "rank": time.perf_counter() - searched,
+        }
         return found
 
     async def propose(self, build: BuildInput, allowance: int) -> Proposal:
@@ -223,7 +223,7 @@ class RetrievalSection:
         ]
         detail["message_ids"] = [i for i in ids if i is not None]
         ended = time.perf_counter()
-        timings = {**found.timings, "rank_and_group": ended - ranking}
+        timings = {**found.timings, "group": ended - ranking}
         detail["search_ms"] = round(
             sum(timings.values()) * 1000, 2
         )  # the section's own time, embedding included
@@ -234,19 +234,49 @@ class RetrievalSection:
 
     async def _search(
         self, query: SearchQuery, other: SearchQuery | None
-    ) -> tuple[SearchResult, SearchResult | None]:
-        if other is None:
-            return await self.index.search(query), None
-        results: list[SearchResult | None] = [None, None]
+    ) -> tuple[SearchResult, SearchResult | None, float]:
+        """Both rankings for this conversation (and the user's others): the keyword searches start at
+        once, the semantic ones as soon as the question is embedded. Returns the embedding's seconds too."""
+        queries = [query] if other is None else [query, other]
+        keyword: list[SearchResult | None] = [None] * len(queries)
+        semantic: list[SearchResult | None] = [None] * len(queries)
+        failures: list[StoreError] = []
+        embed_seconds = 0.0
 
-        async def run(slot: int, q: SearchQuery) -> None:
-            results[slot] = await self.index.search(q)
+        async def by_keyword(slot: int) -> None:
+            try:
+                keyword[slot] = await self.index.search(queries[slot])  # vector None: keyword only
+            except StoreError as exc:  # kept: a task group would wrap it in an ExceptionGroup
+                failures.append(exc)
+
+        async def by_meaning() -> None:
+            nonlocal embed_seconds
+            started = time.perf_counter()
+            vector = await self._embed(query.text)
+            embed_seconds = time.perf_counter() - started
+            if vector is None:
+                return
+            for slot, q in enumerate(queries):
+                try:
+                    semantic[slot] = await self.index.search(replace(q, text="", vector=vector))
+                except StoreError as exc:
+                    failures.append(exc)
 
         async with anyio.create_task_group() as group:
-            group.start_soon(run, 0, query)
-            group.start_soon(run, 1, other)
-        assert results[0] is not None
-        return results[0], results[1]
+            for slot in range(len(queries)):
+                group.start_soon(by_keyword, slot)
+            group.start_soon(by_meaning)
+        if failures:
+            raise failures[0]
+
+        def merged(slot: int) -> SearchResult:
+            hits_by_meaning, hits_by_word = semantic[slot], keyword[slot]
+            return SearchResult(
+                hits_by_meaning.semantic if hits_by_meaning else [],
+                hits_by_word.keyword if hits_by_word else [],
+            )
+
+        return merged(0), merged(1) if other is not None else None, embed_seconds
 
     async def _other_groups(
         self, build: BuildInput, result: SearchResult, facts: QuestionFacts, room: int
