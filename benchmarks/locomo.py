@@ -262,6 +262,9 @@ def main() -> None:
     parser.add_argument("--window-only", action="store_true", help="also measure without retrieval")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     parser.add_argument(
+        "--keep", type=Path, help="replay into this directory and keep it; a later run with it skips the replay"
+    )
+    parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="a retrieval setting for every variant, e.g. --set candidates=120 (repeatable)",
     )  # fmt: skip
@@ -282,19 +285,21 @@ def main() -> None:
     fake = FakeUpstream()
     rows = []
     with tempfile.TemporaryDirectory() as tmp, BackgroundServer(fake.app()) as upstream:
-        data_dir = Path(tmp)
+        data_dir = args.keep or Path(tmp)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        saved = data_dir / "replayed.json"
         upstream_url = f"{upstream.url}/v1"
         variants = [(f"budget {b}", b, True) for b in budgets]
         if args.window_only:
             variants += [(f"window only {b}", b, False) for b in budgets]
         clock = Clock()
-        histories: dict[str, list[dict[str, str]]] = {}
+        histories: dict[str, list[dict[str, str]]] = json.loads(saved.read_text()) if saved.exists() else {}
         for index, (name, budget, retrieval) in enumerate(variants):
             cfg = config(data_dir, upstream_url, budget, retrieval, tuning)
             deps = build_deps(cfg, clock=clock)
             with BackgroundServer(create_app(cfg, deps)) as gateway:
                 client = OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0)
-                if index == 0:
+                if index == 0 and not histories:
                     fake.record = False
                     started = time.perf_counter()
                     for sample in samples:
@@ -302,10 +307,9 @@ def main() -> None:
                         print(f"  replayed {sample.sample_id}: {len(sample.turns)} turns", flush=True)
                     replayed = time.perf_counter() - started
                     wait_for_jobs(gateway.url)
-                    print(
-                        f"  replay {replayed:.0f} s, indexing done after {time.perf_counter() - started:.0f} s"
-                    )
+                    print(f"  replay {replayed:.0f} s, indexing done after {time.perf_counter() - started:.0f} s")
                     fake.record = True
+                    saved.write_text(json.dumps(histories))
                 score = Score()
                 for sample in samples:
                     ask(client, gateway.url, fake, sample, histories[sample.sample_id], score)

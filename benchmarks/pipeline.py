@@ -233,6 +233,9 @@ def overhead_scenario(
                 ).status_code
                 == 200
             )
+            # The warm-up stored the conversation and queued its indexing (embedding + LanceDB): measure
+            # once that is done, as a conversation that has been going on for a while would be.
+            wait_idle(gateway_url, timeout=1800)
             if thin:
                 bodies = [
                     orjson.dumps(

@@ -27,7 +27,7 @@ from gateway.pipeline.text import message_text
 from gateway.ports import Embedder, JSONObject, MessageStore, VectorIndex
 from gateway.records import IndexHit, SearchQuery, SearchResult
 
-RRF_K = 60
+RRF_K = 30  # measured on LoCoMo (benchmarks/locomo.py): 30 ranked a little better than the usual 60
 # A question that neither points at the past nor names an exact term gets history only when the best
 # semantic match is at least this close (cosine); below it the tokens go to the recent window instead.
 MIN_SIMILARITY = 0.35
@@ -36,6 +36,8 @@ RECALL_SIMILARITY = 0.5
 NEIGHBOUR_SHARE = 0.5
 HEADER = "## Retrieved from earlier in this conversation (verbatim, oldest first)"
 OTHER_HEADER = "## Retrieved from this user's other conversations (verbatim)"
+DATE_LINE_TOKENS = 12  # "[2023-05-08 13:56]" and its line break
+SEPARATOR_TOKENS = 2  # the line break or "…" between groups
 OTHER_MAX = 3  # groups from other conversations: each costs a store read
 
 
@@ -157,19 +159,17 @@ class RetrievalSection:
             path = [HistoryItem(m.data, m.node.token_count, m.node.id) for m in stored]
             positions = {item.node_id: i for i, item in enumerate(path) if item.node_id is not None}
             first_depth = 0
-        on_path = [c for c in candidates if c.node_id in positions and c.node_id not in recent]
+        hits = [c for c in candidates if c.node_id in positions and c.node_id not in recent]
+        found.best_similarity = max(
+            (h.score for h in result.semantic if h.node_id in positions and h.node_id not in recent),
+            default=0.0,
+        )
+        on_path = _smoothed(hits, path, positions, recent)
         texts = {c.node_id: message_text(path[positions[c.node_id]].message).lower() for c in on_path}
-        found.best_similarity = max((h.score for h in result.semantic if h.node_id in texts), default=0.0)
         found.matched_terms = sorted({t for t in facts.terms for text in texts.values() if t in text})
-        scores = {c.node_id: c.score for c in on_path}
         for c in on_path:
             c.score += sum(2.0 / RRF_K for t in facts.terms if t in texts[c.node_id])  # exact terms
             c.score += 0.1 / RRF_K * positions[c.node_id] / max(len(path), 1)  # recency breaks ties
-            # Evidence sits next to what matched: a message's neighbours share half its fused score.
-            for near in (positions[c.node_id] - 1, positions[c.node_id] + 1):
-                neighbour = path[near].node_id if 0 <= near < len(path) else None
-                if neighbour is not None and neighbour in scores:
-                    c.score += NEIGHBOUR_SHARE * scores[neighbour]
         on_path.sort(key=lambda c: c.score, reverse=True)
         found.path, found.positions, found.first_depth, found.on_path = path, positions, first_depth, on_path
         found.detail.update(
@@ -296,8 +296,8 @@ class RetrievalSection:
                 continue  # only clear matches cross conversations
             group = _Group(0, len(items) - 1, candidate.score, candidate.created_at)
             group.label = path[-1].node.conversation_id
-            group.text = _render(items, 0, len(items) - 1, candidate.created_at)
-            group.tokens = build.tokenizer.count(group.text) + 2
+            group.text = _lines(items, 0, len(items) - 1)
+            group.tokens = build.tokenizer.count(group.text) + DATE_LINE_TOKENS + SEPARATOR_TOKENS
             if group.tokens <= room:
                 room -= group.tokens
                 out.append(group)
@@ -323,6 +323,7 @@ class RetrievalSection:
         n = self.config.neighbours
         taken: set[int] = set(recent)
         groups: list[_Group] = []
+        days: set[str] = set()
         used = build.tokenizer.count(HEADER)
         for candidate in ranked:
             at = positions[candidate.node_id]
@@ -339,23 +340,41 @@ class RetrievalSection:
             if any(i in taken for i in range(start, end + 1)):
                 continue  # a tool step could not be kept whole here
             group = _Group(start, end, candidate.score, candidate.created_at)
-            group.text = _render(path, start, end, candidate.created_at)
-            group.tokens = build.tokenizer.count(group.text) + 2
-            if used + group.tokens > allowance:
+            group.text = _lines(path, start, end)
+            # Groups of one day share a date line: only the first of a day pays for it.
+            day = _day(candidate.created_at)
+            group.tokens = build.tokenizer.count(group.text) + SEPARATOR_TOKENS
+            cost = group.tokens + (DATE_LINE_TOKENS if day not in days else 0)
+            if used + cost > allowance:
                 continue  # a smaller, lower-ranked group may still fit
-            used += group.tokens
+            used += cost
+            days.add(day)
             taken.update(range(start, end + 1))
             groups.append(group)
         return groups
 
 
 def _compose(build: BuildInput, groups: list[_Group], others: list[_Group]) -> tuple[str | None, int]:
-    """The section's text: this conversation's groups oldest first, then other conversations'."""
+    """The section's text: this conversation's groups oldest first under one date line per day ("…"
+    between groups that are not adjacent), then the other conversations' groups, each with its date."""
     blocks: list[str] = []
     if groups:
-        blocks += [HEADER, *(g.text for g in sorted(groups, key=lambda g: g.start))]
+        blocks.append(HEADER)
+        day_block: list[str] = []
+        day, previous = None, None
+        for group in sorted(groups, key=lambda g: g.start):
+            if _day(group.created_at) != day:
+                if day_block:
+                    blocks.append("\n".join(day_block))
+                day = _day(group.created_at)
+                day_block = [f"[{_when(group.created_at)}]"]
+            elif previous is not None and group.start > previous.end + 1:
+                day_block.append("…")
+            day_block.append(group.text)
+            previous = group
+        blocks.append("\n".join(day_block))
     if others:
-        blocks += [OTHER_HEADER, *(g.text for g in others)]
+        blocks += [OTHER_HEADER, *(f"[{_when(g.created_at)}]\n{g.text}" for g in others)]
     if not blocks:
         return None, 0
     text = "\n\n".join(blocks)
@@ -383,6 +402,27 @@ def _fuse(result: SearchResult) -> list[_Candidate]:
     return sorted(by_node.values(), key=lambda c: c.score, reverse=True)
 
 
+def _smoothed(
+    hits: list[_Candidate], path: list[HistoryItem], positions: dict[str, int], recent: set[str | None]
+) -> list[_Candidate]:
+    """Evidence sits next to what matched (an answer beside its question, a fact beside the remark
+    that mentions it): every hit lends NEIGHBOUR_SHARE of its fused score to the messages either side,
+    which may rank a message no search returned."""
+    by_position: dict[int, _Candidate] = {}
+    for hit in hits:
+        at = positions[hit.node_id]
+        here = by_position.setdefault(at, _Candidate(hit.node_id, created_at=hit.created_at))
+        here.score += hit.score
+        here.views += hit.views
+        for near in (at - 1, at + 1):
+            node_id = path[near].node_id if 0 <= near < len(path) else None
+            if node_id is None or node_id in recent:
+                continue
+            neighbour = by_position.setdefault(near, _Candidate(node_id, created_at=hit.created_at))
+            neighbour.score += NEIGHBOUR_SHARE * hit.score
+    return list(by_position.values())
+
+
 def _tool_safe(path: list[HistoryItem], start: int, end: int) -> tuple[int, int]:
     """Widen [start, end] so no tool result is shown without the call that asked for it, and no call
     without its results."""
@@ -394,9 +434,15 @@ def _tool_safe(path: list[HistoryItem], start: int, end: int) -> tuple[int, int]
     return start, end
 
 
-def _render(path: list[HistoryItem], start: int, end: int, created_at: datetime | None) -> str:
-    when = f"{created_at:%Y-%m-%d %H:%M}" if created_at is not None else "undated"
-    lines = [f"[{when}]"]
-    for item in path[start : end + 1]:
-        lines.append(f"{item.message.get('role')}: {message_text(item.message)}")
-    return "\n".join(lines)
+def _lines(path: list[HistoryItem], start: int, end: int) -> str:
+    return "\n".join(
+        f"{item.message.get('role')}: {message_text(item.message)}" for item in path[start : end + 1]
+    )
+
+
+def _when(created_at: datetime | None) -> str:
+    return f"{created_at:%Y-%m-%d %H:%M}" if created_at is not None else "undated"
+
+
+def _day(created_at: datetime | None) -> str:
+    return f"{created_at:%Y-%m-%d}" if created_at is not None else "undated"
