@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig, parse_config
 from gateway.fakes.openai_upstream import FakeUpstream
 from gateway.fakes.server import BackgroundServer
+from gateway.wiring import Deps, build_deps
 
 GATEWAY_KEY = "sk-gw-acme"
 
@@ -86,20 +89,30 @@ def tenant(name: str, base_url: str, **upstream: Any) -> dict[str, Any]:
 @pytest.fixture
 def make_gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     started: list[BackgroundServer] = []
+    owned: list[Deps] = []
 
-    def factory(tenants: list[dict[str, Any]], **sections: Any) -> Gateway:
+    def factory(
+        tenants: list[dict[str, Any]], clock: Callable[[], datetime] | None = None, **sections: Any
+    ) -> Gateway:
+        """A gateway on loopback; with `clock`, stored messages are dated by it (a settable clock)."""
         sections.setdefault(
             "storage",
             {"database_url": f"sqlite:///{tmp_path}/gateway.db", "data_dir": str(tmp_path / "data")},
         )
         config = parse_config({"tenants": tenants, **sections}, {})
-        server = BackgroundServer(create_app(config)).start()
+        deps = None
+        if clock is not None:
+            deps = build_deps(config, clock=clock)
+            owned.append(deps)
+        server = BackgroundServer(create_app(config, deps)).start()
         started.append(server)
         return Gateway(server, config)
 
     yield factory
     for server in started:
         server.stop()
+    for deps in owned:  # the app's lifespan closes only what it built itself
+        asyncio.run(deps.aclose())
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -39,10 +40,20 @@ def filler(count: int, offset: int = 0) -> list[dict[str, Any]]:
     return out
 
 
-def gateway_with(make_gateway: Callable[..., Gateway], upstream: Upstream, **extra: Any) -> Gateway:
+def gateway_with(
+    make_gateway: Callable[..., Gateway], upstream: Upstream, clock: Any = None, **extra: Any
+) -> Gateway:
     extra.setdefault("context", SMALL)
     extra.setdefault("compaction", NO_SUMMARIES)
-    return make_gateway([tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY], **extra)])
+    return make_gateway([tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY], **extra)], clock=clock)
+
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
 
 
 def injected(upstream: Upstream) -> str:
@@ -320,3 +331,35 @@ def test_messages_not_yet_embedded_are_found_by_keyword(
         ],
     )
     assert "We picked port 8443 for staging_proxy.conf." in injected(upstream)  # ... keyword search found it
+
+
+def test_a_time_reference_in_the_question_filters_by_date(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    clock = Clock(datetime(2026, 3, 2, 10, 0, tzinfo=UTC))  # a Monday
+    gateway = gateway_with(make_gateway, upstream, clock=clock)
+    client = gateway.client()
+    thin = {"X-Conversation-Id": "ledger"}
+
+    def chat(text: str) -> None:
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": text}], extra_headers=thin
+        )
+
+    chat("For the ledger service we chose Postgres as the database.")
+    for exchange in range(6):
+        chat(filler(1, exchange)[0]["content"])
+    clock.now = datetime(2026, 3, 10, 10, 0, tzinfo=UTC)  # the week after
+    chat("For the ledger service we chose Redis as the cache.")
+    for exchange in range(6):
+        chat(filler(1, exchange + 2)[0]["content"])
+    clock.now = datetime(2026, 3, 18, 10, 0, tzinfo=UTC)  # "last week" is now 9-15 March
+    for exchange in range(6):
+        chat(filler(1, exchange + 4)[0]["content"])
+    wait_for_jobs(gateway)
+    chat("What did we choose for the ledger service last week?")
+    block = injected(upstream)
+    assert "we chose Redis as the cache" in block and "[2026-03-10" in block
+    assert "Postgres" not in block
+    chat("What did we choose as the database for the ledger service?")  # no time reference: both weeks
+    assert "we chose Postgres as the database" in injected(upstream)
