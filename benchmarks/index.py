@@ -11,14 +11,13 @@ conversation, as the retrieval step asks it (tenant + conversation, depth below 
   against) / a user-wide search (every conversation of the user but this one);
 and write throughput: bulk adds, then small embed-job-sized writes (add text, then set_vectors), with
 latency measured on the fragmented table, after `optimize()`, and with the adapter's own automatic
-compaction. `--compaction` picks LanceDB's optimize() or pylance's bounded compaction when installed.
+compaction (LanceDB's optimize()).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import sys
 import tempfile
 import time
@@ -353,7 +352,6 @@ def fragment_count(index: LanceIndex) -> int:
 
 async def main(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(7)
-    bounded = {"auto": None, "lancedb": False, "pylance": True}[args.compaction]
     with tempfile.TemporaryDirectory(prefix="index-bench-") as tmp:
         uri = str(Path(tmp) / "lancedb")
         never = 10**9
@@ -363,12 +361,8 @@ async def main(args: argparse.Namespace) -> None:
             args.dims,
             optimize_every_writes=never,
             optimize_every_rows=never,
-            bounded_compaction=bounded,
         )
-        mode = "pylance compact_files (bounded)" if index.bounded_compaction else "LanceDB optimize()"
-        print(
-            f"{args.rows:,} rows, {args.dims}-d, {args.conversations} conversations, 3 tenants; compaction: {mode}"
-        )
+        print(f"{args.rows:,} rows, {args.dims}-d, {args.conversations} conversations, 3 tenants")
 
         rows = build_rows(rng, args.rows, args.conversations, 3, args.dims)
         started = time.perf_counter()
@@ -406,7 +400,7 @@ async def main(args: argparse.Namespace) -> None:
         await searches.report("after optimize()", args.iterations)
         await index.aclose()
 
-        auto = LanceIndex.open(uri, "messages_bench", args.dims, bounded_compaction=bounded)
+        auto = LanceIndex.open(uri, "messages_bench", args.dims)
         searches.index = auto
         started = time.perf_counter()
         add_rate, vector_rate, during = await small_writes(
@@ -433,10 +427,7 @@ if __name__ == "__main__":
     parser.add_argument("--bulk-batch", type=int, default=2_000)
     parser.add_argument("--jobs", type=int, default=100, help="small writes: embed jobs of --job-batch rows")
     parser.add_argument("--job-batch", type=int, default=60)
-    parser.add_argument("--compaction", choices=["auto", "lancedb", "pylance"], default="auto")
     parsed = parser.parse_args()
     if parsed.quick:
         parsed.rows, parsed.iterations, parsed.jobs = 20_000, 100, 40
-    if parsed.compaction == "pylance" and importlib.util.find_spec("lance") is None:
-        parser.error("--compaction pylance needs the pylance package")
     asyncio.run(main(parsed))

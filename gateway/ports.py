@@ -219,8 +219,8 @@ class Embedder(Protocol):
 class VectorIndex(Protocol):
     """Message texts and their vectors (LanceDB): semantic and full-text search, always tenant-filtered.
 
-    Rows are written in two steps so a fresh message is findable by keyword before it is embedded:
-    `add` the text (vector None), then `set_vectors`. Both are idempotent (keyed by `IndexRow.id`).
+    Rows are added with their vectors, or with none when the embedder failed (keyword search still finds
+    them) and `set_vectors` fills them in later. Both are idempotent (keyed by `IndexRow.id`).
     """
 
     async def add(self, rows: Sequence[IndexRow]) -> None: ...

@@ -4,7 +4,6 @@ exact terms, semantic ranking, text-before-vectors, idempotence, tenant isolatio
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import math
 import shutil
 from collections.abc import Coroutine, Iterator
@@ -25,7 +24,6 @@ from gateway.records import IndexRow, SearchQuery
 T = TypeVar("T")
 DIMS = 4
 BASE = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
-HAS_PYLANCE = importlib.util.find_spec("lance") is not None
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -511,12 +509,9 @@ def test_a_second_instance_sees_writes_at_once(tmp_path: Path) -> None:
     run(scenario())
 
 
-@pytest.mark.parametrize(
-    "bounded", [False, pytest.param(True, marks=pytest.mark.skipif(not HAS_PYLANCE, reason="needs pylance"))]
-)
-def test_compaction_after_many_small_writes_changes_no_result(tmp_path: Path, bounded: bool) -> None:
+def test_compaction_after_many_small_writes_changes_no_result(tmp_path: Path) -> None:
     uri = str(tmp_path / "db")
-    index = LanceIndex.open(uri, "frag", DIMS, optimize_every_writes=10_000, bounded_compaction=bounded)
+    index = LanceIndex.open(uri, "frag", DIMS, optimize_every_writes=10_000)
 
     def vector(i: int) -> list[float]:
         return unit(1, (i % 7) / 7, (i % 3) / 3, 0.1)

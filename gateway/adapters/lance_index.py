@@ -4,7 +4,7 @@ One table per embedding model; every row carries its tenant, user and conversati
 filters by tenant. Reads and writes use LanceDB's asyncio API, which awaits the engine's own threads
 directly: measured against the blocking API on worker threads, a search with both rankings took
 ~4.1 ms p50 instead of ~6.4 (100k rows, 384-d). The CPU-bound parts done in Python (turning rows into
-Arrow arrays, pylance's blocking compaction) run on worker threads.
+Arrow arrays) run on worker threads.
 
 Filters are built with `lancedb.expr` (typed column/literal expressions, no SQL text), so ids holding
 quotes or backslashes can neither break a filter nor widen it.
@@ -13,14 +13,12 @@ quotes or backslashes can neither break a filter nor widen it.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, timedelta
-from functools import partial
 from typing import TypeVar
 
 import anyio
@@ -77,9 +75,12 @@ _MAX_QUERY_TERMS = 256  # a pasted log as the question: its first distinct words
 # after 200 small writes, and back after one optimize()). Compacting every 10 writes keeps it flat.
 OPTIMIZE_EVERY_WRITES = 10
 OPTIMIZE_EVERY_ROWS = 5_000
-_MAX_BUSY_SHARE = 0.5  # after a compaction taking d seconds, the next waits at least d / share
-_KEEP_VERSIONS = timedelta(minutes=10)  # older versions' files are deleted (readers need seconds at most)
-_FRAGMENT_ROWS = 50_000  # pylance path: fragments this big are never rewritten again
+_MAX_BUSY_SHARE = 0.2  # after a compaction taking d seconds, the next waits at least d / share
+# Older versions' files are deleted after this (readers need seconds at most). Every compaction rewrites
+# the table (LanceDB's optimize() rewrites each fragment under 1M rows) and its full-text index, and the
+# old copies stay until they age out: with 10 minutes a LoCoMo replay (17k rows, ~5,000 writes in an
+# hour) left 47 GB on disk.
+_KEEP_VERSIONS = timedelta(seconds=60)
 
 
 def table_name(name: str) -> str:
@@ -260,7 +261,6 @@ class LanceIndex:
         indexes_ready: bool = True,
         optimize_every_writes: int = OPTIMIZE_EVERY_WRITES,
         optimize_every_rows: int = OPTIMIZE_EVERY_ROWS,
-        bounded_compaction: bool | None = None,
     ) -> None:
         self.uri = uri
         self.name = name
@@ -273,13 +273,6 @@ class LanceIndex:
         self._indexes_ready = indexes_ready
         self._optimize_every_writes = optimize_every_writes
         self._optimize_every_rows = optimize_every_rows
-        # pylance (optional) can compact only the small fragments; without it LanceDB's optimize()
-        # rewrites every fragment under 1M rows each time, so it is paced more sparingly (see below).
-        self.bounded_compaction = (
-            importlib.util.find_spec("lance") is not None
-            if bounded_compaction is None
-            else bounded_compaction
-        )
         self._writes = 0
         self._rows = 0
         self._optimizing = False
@@ -296,7 +289,6 @@ class LanceIndex:
         consistency: timedelta = timedelta(0),
         optimize_every_writes: int = OPTIMIZE_EVERY_WRITES,
         optimize_every_rows: int = OPTIMIZE_EVERY_ROWS,
-        bounded_compaction: bool | None = None,
     ) -> LanceIndex:
         """Open (creating if missing) the table `table` under `uri`: a local directory or an object-store
         URI (`s3://...`, with `storage_options`). `consistency` is how stale a read may be: 0 sees other
@@ -334,7 +326,6 @@ class LanceIndex:
             indexes_ready=ready,
             optimize_every_writes=optimize_every_writes,
             optimize_every_rows=optimize_every_rows,
-            bounded_compaction=bounded_compaction,
         )
 
     @asynccontextmanager
@@ -440,14 +431,7 @@ class LanceIndex:
         self._optimizing = True
         started = time.monotonic()
         try:
-            if self.bounded_compaction:
-                uri = await self._engine("optimize", lambda table: table.uri())
-                async with self._translated("optimize"):
-                    await anyio.to_thread.run_sync(partial(_compact_with_pylance, uri, self._storage_options))
-            else:
-                await self._engine(
-                    "optimize", lambda table: table.optimize(cleanup_older_than=_KEEP_VERSIONS)
-                )
+            await self._engine("optimize", lambda table: table.optimize(cleanup_older_than=_KEEP_VERSIONS))
         finally:
             self._optimizing = False
             self._writes = self._rows = 0
@@ -536,16 +520,3 @@ class LanceIndex:
 def _sql_string(value: str) -> str:
     """A SQL string literal's body: count_rows takes only SQL text, where a quote is doubled."""
     return value.replace("'", "''")
-
-
-def _compact_with_pylance(uri: str, storage_options: dict[str, str] | None) -> None:
-    """Compaction that leaves fragments of `_FRAGMENT_ROWS` alone (LanceDB's own optimize() merges every
-    fragment under 1M rows, so a 100k-row table is rewritten whole each time). Blocking: run on a thread."""
-    import lance  # optional dependency, checked before this is chosen
-
-    # Reopened at each step: each one commits a new version the next must start from.
-    lance.dataset(uri, storage_options=storage_options).optimize.compact_files(
-        target_rows_per_fragment=_FRAGMENT_ROWS
-    )
-    lance.dataset(uri, storage_options=storage_options).optimize.optimize_indices()
-    lance.dataset(uri, storage_options=storage_options).cleanup_old_versions(older_than=_KEEP_VERSIONS)

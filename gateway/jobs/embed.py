@@ -1,17 +1,19 @@
-"""Embed job: index an exchange's new messages for retrieval, text first, then vectors.
+"""Embed job: index an exchange's new messages for retrieval (texts and vectors, one write).
 
 Each message is indexed in three views (itself; with its parent; with its parent and child) because a
-short reply ("yes, port 8443 then") carries its meaning in its neighbours. The text goes into the index
-before the (slower) embedding, so a fresh message is findable by keyword at once; the vectors follow in
-one batch. Both writes are keyed by row id, so a retried job rewrites the same rows.
+short reply ("yes, port 8443 then") carries its meaning in its neighbours. The views are embedded in one
+batch and written together. If the embedder fails, the texts are written alone, so the messages are
+findable by keyword until a retry adds the vectors. Writes are keyed by row id: a retry rewrites nothing
+twice. Until its job has run (normally within a second of the answer) a message is in the recent window.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from gateway.errors import EmbeddingError
 from gateway.pipeline.text import message_text
 from gateway.ports import Embedder, JSONObject, MessageStore, VectorIndex
 from gateway.records import IndexRow, Job, NewJob, StoredMessage
@@ -90,9 +92,17 @@ class EmbedHandler:
         rows = index_rows(job.tenant, conversation.user_id, path, count)
         if not rows:
             return
-        await target.index.add(rows)  # findable by keyword from here on
-        vectors = await target.embedder.embed([r.text for r in rows])
-        await target.index.set_vectors(job.tenant, {r.id: v for r, v in zip(rows, vectors, strict=True)})
+        try:
+            vectors = await target.embedder.embed([r.text for r in rows])
+        except EmbeddingError:
+            # Findable by keyword meanwhile; the retry fills the vectors in.
+            await target.index.add(rows)
+            raise
+        embedded = [replace(r, vector=v) for r, v in zip(rows, vectors, strict=True)]
+        # One write per exchange: each write is a new table version and fragment (see lance_index).
+        await target.index.add(embedded)
+        if job.attempts > 1:  # an earlier attempt may have stored these rows without vectors
+            await target.index.set_vectors(job.tenant, {r.id: r.vector for r in embedded if r.vector})
         if await self.store.get_conversation(job.tenant, conversation_id) is None:
             # Deleted while this job ran: its delete may have missed the rows written just now.
             await target.index.delete(job.tenant, conversation_id=conversation_id)

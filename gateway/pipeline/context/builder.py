@@ -85,9 +85,15 @@ class ContextBuilder:
             proposal = await section.propose(build, allowance)
             used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
             # Every section reports, even one that proposed nothing (its detail says why).
-            reported[section.name] = {"tokens": used, "allowance": allowance, **proposal.detail}
+            reported[section.name] = {
+                "tokens": used,
+                "asked": want,
+                "allowance": allowance,
+                **proposal.detail,
+            }
             if used:
                 injected.append((section.name, proposal))
+                build.above.append(proposal.text or "")  # lower sections can avoid repeating it
             carry, spare = allowance - used, spare - used
         block = _injected_block(injected)
         block_tokens = tokenizer.count_message(block) if block is not None else 0

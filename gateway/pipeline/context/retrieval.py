@@ -21,7 +21,7 @@ import anyio
 from gateway.config import RetrievalConfig
 from gateway.errors import EmbeddingError, StoreError
 from gateway.pipeline.call import HistoryItem
-from gateway.pipeline.context.question import QuestionFacts, analyse
+from gateway.pipeline.context.question import QuestionFacts, analyse, exact_terms
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.text import message_text
 from gateway.ports import Embedder, JSONObject, MessageStore, VectorIndex
@@ -199,9 +199,15 @@ class RetrievalSection:
         # The window may have grown since planning: what it now holds is not sent twice.
         recent = {positions[i.node_id] for i in build.window if i.node_id in positions}
         recent |= {positions[i.node_id] for i in build.current if i.node_id in positions}
+        ranked = found.on_path
+        if build.above:
+            # A message whose every identifier the summary already holds verbatim adds nothing to it.
+            above = "\n".join(build.above).lower()
+            ranked = [c for c in ranked if not _said_above(path[positions[c.node_id]].message, above)]
+            detail["covered_by_summary"] = len(found.on_path) - len(ranked)
         groups: list[_Group] = []
         if "skipped" not in detail:
-            groups = self._groups(build, path, positions, found.on_path, recent, allowance)
+            groups = self._groups(build, path, positions, ranked, recent, allowance)
         others: list[_Group] = []
         if found.other is not None:
             room = allowance - sum(g.tokens for g in groups) - build.tokenizer.count(OTHER_HEADER)
@@ -340,9 +346,9 @@ class RetrievalSection:
             if any(i in taken for i in range(start, end + 1)):
                 continue  # a tool step could not be kept whole here
             group = _Group(start, end, candidate.score, candidate.created_at)
-            group.text = _lines(path, start, end)
             # Groups of one day share a date line: only the first of a day pays for it.
             day = _day(candidate.created_at)
+            group.text = _lines(path, start, end)
             group.tokens = build.tokenizer.count(group.text) + SEPARATOR_TOKENS
             cost = group.tokens + (DATE_LINE_TOKENS if day not in days else 0)
             if used + cost > allowance:
@@ -379,6 +385,12 @@ def _compose(build: BuildInput, groups: list[_Group], others: list[_Group]) -> t
         return None, 0
     text = "\n\n".join(blocks)
     return text, build.tokenizer.count(text)
+
+
+def _said_above(message: JSONObject, above: str) -> bool:
+    text = message_text(message).strip().lower()
+    terms = exact_terms(text)
+    return (len(text) >= 20 and text in above) or (bool(terms) and all(t in above for t in terms))
 
 
 def _question(current: list[HistoryItem]) -> str:

@@ -26,6 +26,8 @@ class BuildInput:
     window: list[HistoryItem] = field(default_factory=list)
     # What a section learned while planning, for its own `propose` of the same build.
     memo: dict[str, object] = field(default_factory=dict)
+    # Texts the higher-priority sections already put in (the summary), in order.
+    above: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
