@@ -38,6 +38,7 @@ HEADER = "## Retrieved from earlier in this conversation (verbatim, oldest first
 OTHER_HEADER = "## Retrieved from this user's other conversations (verbatim)"
 DATE_LINE_TOKENS = 12  # "[2023-05-08 13:56]" and its line break
 SEPARATOR_TOKENS = 2  # the line break or "…" between groups
+MIN_GROUP_TOKENS = 12  # less room than this holds no message
 OTHER_MAX = 3  # groups from other conversations: each costs a store read
 
 
@@ -330,6 +331,7 @@ class RetrievalSection:
         taken: set[int] = set(recent)
         groups: list[_Group] = []
         days: set[str] = set()
+        line_tokens: dict[int, int] = {}
         used = build.tokenizer.count(HEADER)
         for candidate in ranked:
             at = positions[candidate.node_id]
@@ -346,13 +348,19 @@ class RetrievalSection:
             if any(i in taken for i in range(start, end + 1)):
                 continue  # a tool step could not be kept whole here
             group = _Group(start, end, candidate.score, candidate.created_at)
-            # Groups of one day share a date line: only the first of a day pays for it.
+            # Groups of one day share a date line: only the first of a day pays for it. Each message's
+            # line is counted once; the section's whole text is counted exactly at the end.
             day = _day(candidate.created_at)
-            group.text = _lines(path, start, end)
-            group.tokens = build.tokenizer.count(group.text) + SEPARATOR_TOKENS
+            for i in range(start, end + 1):
+                if i not in line_tokens:
+                    line_tokens[i] = build.tokenizer.count(_lines(path, i, i)) + 1
+            group.tokens = sum(line_tokens[i] for i in range(start, end + 1)) + SEPARATOR_TOKENS
             cost = group.tokens + (DATE_LINE_TOKENS if day not in days else 0)
             if used + cost > allowance:
+                if allowance - used < MIN_GROUP_TOKENS:
+                    break  # nothing more fits
                 continue  # a smaller, lower-ranked group may still fit
+            group.text = _lines(path, start, end)
             used += cost
             days.add(day)
             taken.update(range(start, end + 1))
