@@ -344,6 +344,8 @@ def main() -> None:
                 score = Score()
                 with httpx.Client(base_url=gateway.url, timeout=120) as http:
                     for sample in samples:
+                        # Asked right after the last session ("last week" means the week before it).
+                        clock.now = sample.turns[-1][3] + timedelta(minutes=5)
                         ask(http, fake, sample, histories[sample.sample_id], score)
                 rows.append(report(name, score))
             asyncio.run(deps.aclose())  # the app's lifespan did not build these deps, so it leaves them

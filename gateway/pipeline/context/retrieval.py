@@ -354,13 +354,17 @@ class RetrievalSection:
             for i in range(start, end + 1):
                 if i not in line_tokens:
                     line_tokens[i] = build.tokenizer.count(_lines(path, i, i)) + 1
-            group.tokens = sum(line_tokens[i] for i in range(start, end + 1)) + SEPARATOR_TOKENS
-            cost = group.tokens + (DATE_LINE_TOKENS if day not in days else 0)
-            if used + cost > allowance:
+            date_line = DATE_LINE_TOKENS if day not in days else 0
+            estimate = sum(line_tokens[i] for i in range(start, end + 1)) - 1 + SEPARATOR_TOKENS
+            if used + estimate + date_line > allowance:  # the estimate errs high by a token per line
                 if allowance - used < MIN_GROUP_TOKENS:
                     break  # nothing more fits
                 continue  # a smaller, lower-ranked group may still fit
             group.text = _lines(path, start, end)
+            group.tokens = build.tokenizer.count(group.text) + SEPARATOR_TOKENS
+            cost = group.tokens + date_line
+            if used + cost > allowance:
+                continue
             used += cost
             days.add(day)
             taken.update(range(start, end + 1))
