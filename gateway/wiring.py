@@ -52,14 +52,16 @@ class Deps:
     async def delete_conversations(
         self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
     ) -> list[str]:
-        """Delete conversations from the store and their rows from the index (vectors included)."""
+        """Delete conversations from the index (vectors included), then from the store: if the index
+        fails, the conversation is still there and the DELETE can be retried."""
+        target = self.indexes.get(tenant)
+        if target is not None:
+            await target.index.delete(tenant, conversation_id=conversation_id, user_id=user_id)
         deleted = await self.store.delete_conversations(
             tenant, conversation_id=conversation_id, user_id=user_id
         )
-        target = self.indexes.get(tenant)
-        if target is not None:
-            if user_id is not None and conversation_id is None:
-                await target.index.delete(tenant, user_id=user_id)
+        if target is not None and user_id is not None and conversation_id is None:
+            # Rows an embed job wrote before the conversation was known to be the user's go too.
             for conversation in deleted:
                 await target.index.delete(tenant, conversation_id=conversation)
         return deleted

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.pipeline.context.question import analyse, exact_terms, time_range_of
+from gateway.pipeline.context.question import analyse, contains_term, exact_terms, time_range_of
 
 NOW = datetime(2026, 3, 18, 15, 30, tzinfo=UTC)  # a Wednesday
 
@@ -53,3 +53,17 @@ def test_past_pointing_questions() -> None:
     assert analyse("remember the name we chose?", NOW).about_past
     assert analyse("show me last week's numbers", NOW).about_past  # a time reference counts
     assert not analyse("Write a haiku about autumn leaves", NOW).about_past
+
+
+@pytest.mark.parametrize("question", ["what happened 3000 years ago?", "in may 0000", "99999999999 days ago"])
+def test_references_outside_the_calendar_are_ignored(question: str) -> None:
+    assert time_range_of(question, NOW) is None
+    assert analyse(question, NOW).time_range is None  # and the build does not fail
+
+
+def test_terms_match_whole_tokens_only() -> None:
+    assert exact_terms("give me 10 ideas, e.g. five") == ()  # too short to mean an exact reference
+    assert contains_term("we opened port 8443 today", "8443")
+    assert not contains_term("released in 2010", "010")
+    assert contains_term("see parse_config.py line 3", "parse_config.py")
+    assert not contains_term("see parse_config.pyc", "parse_config.py")

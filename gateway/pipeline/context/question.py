@@ -82,13 +82,27 @@ def exact_terms(question: str) -> tuple[str, ...]:
     terms += [m.group(0).strip(".,:;/-") for m in _TERM.finditer(question)]
     seen: dict[str, None] = {}
     for term in terms:
-        if len(term) >= 2:
+        # "10" or "e.g" would match nearly anything: a term needs three characters.
+        if len(re.sub(r"[\W_]", "", term)) >= 3 and not term.startswith("<"):
             seen.setdefault(term.lower(), None)
     return tuple(seen)
 
 
+def contains_term(text: str, term: str) -> bool:
+    """`term` in `text` (both lower-cased) as a whole token: "10" is not found in "2010"."""
+    return re.search(rf"(?<![\w]){re.escape(term)}(?![\w])", text) is not None
+
+
 def time_range_of(lowered: str, now: datetime) -> TimeRange | None:
-    """The first time reference in the (lower-cased) question as a [since, until) range around `now`."""
+    """The first time reference in the (lower-cased) question as a [since, until) range around `now`;
+    None when there is none or it lies outside the calendar ("3000 years ago", "in May 0000")."""
+    try:
+        return _time_range(lowered, now)
+    except (OverflowError, ValueError):
+        return None
+
+
+def _time_range(lowered: str, now: datetime) -> TimeRange | None:
     now = now.astimezone(UTC)
     midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
     match = _AGO.search(lowered)

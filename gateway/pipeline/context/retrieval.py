@@ -21,7 +21,7 @@ import anyio
 from gateway.config import RetrievalConfig
 from gateway.errors import EmbeddingError, StoreError
 from gateway.pipeline.call import HistoryItem
-from gateway.pipeline.context.question import QuestionFacts, analyse, exact_terms
+from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term, exact_terms
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.text import message_text
 from gateway.ports import Embedder, JSONObject, MessageStore, VectorIndex
@@ -156,10 +156,14 @@ class RetrievalSection:
         candidates = _fuse(result)
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
             # A thin client's history holds only the newest stretch: read the whole path once.
-            stored = await self.store.path(build.call.tenant, state.leaf_id)
-            path = [HistoryItem(m.data, m.node.token_count, m.node.id) for m in stored]
-            positions = {item.node_id: i for i, item in enumerate(path) if item.node_id is not None}
-            first_depth = 0
+            try:
+                stored = await self.store.path(build.call.tenant, state.leaf_id)
+            except StoreError:
+                stored = []  # the hits outside the loaded stretch are left out; the rest still serve
+            if stored:
+                path = [HistoryItem(m.data, m.node.token_count, m.node.id) for m in stored]
+                positions = {item.node_id: i for i, item in enumerate(path) if item.node_id is not None}
+                first_depth = 0
         hits = [c for c in candidates if c.node_id in positions and c.node_id not in recent]
         found.best_similarity = max(
             (h.score for h in result.semantic if h.node_id in positions and h.node_id not in recent),
@@ -167,9 +171,11 @@ class RetrievalSection:
         )
         on_path = _smoothed(hits, path, positions, recent)
         texts = {c.node_id: message_text(path[positions[c.node_id]].message).lower() for c in on_path}
-        found.matched_terms = sorted({t for t in facts.terms for text in texts.values() if t in text})
+        found.matched_terms = sorted(
+            {t for t in facts.terms for text in texts.values() if contains_term(text, t)}
+        )
         for c in on_path:
-            c.score += sum(2.0 / RRF_K for t in facts.terms if t in texts[c.node_id])  # exact terms
+            c.score += sum(2.0 / RRF_K for t in facts.terms if contains_term(texts[c.node_id], t))
             c.score += 0.1 / RRF_K * positions[c.node_id] / max(len(path), 1)  # recency breaks ties
         on_path.sort(key=lambda c: c.score, reverse=True)
         found.path, found.positions, found.first_depth, found.on_path = path, positions, first_depth, on_path
@@ -199,7 +205,7 @@ class RetrievalSection:
         path, positions, detail = found.path, found.positions, found.detail
         # The window may have grown since planning: what it now holds is not sent twice.
         recent = {positions[i.node_id] for i in build.window if i.node_id in positions}
-        recent |= {positions[i.node_id] for i in build.current if i.node_id in positions}
+        recent |= {positions[i.node_id] for i in (*build.current, *build.system) if i.node_id in positions}
         ranked = found.on_path
         if build.above:
             # A message whose every identifier the summary already holds verbatim adds nothing to it.
@@ -292,14 +298,17 @@ class RetrievalSection:
         close = {h.node_id for h in result.semantic if h.score >= MIN_SIMILARITY}
         out: list[_Group] = []
         for candidate in _fuse(result)[:OTHER_MAX]:
-            path = await self.store.path(
-                build.call.tenant, candidate.node_id, newest_messages=self.config.neighbours + 1
-            )
+            try:
+                path = await self.store.path(
+                    build.call.tenant, candidate.node_id, newest_messages=self.config.neighbours + 1
+                )
+            except StoreError:
+                break  # the store is failing: no more reads for this request
             if not path:
                 continue
             items = [HistoryItem(m.data, m.node.token_count, m.node.id) for m in path]
             lowered = message_text(items[-1].message).lower()
-            if candidate.node_id not in close and not any(t in lowered for t in facts.terms):
+            if candidate.node_id not in close and not any(contains_term(lowered, t) for t in facts.terms):
                 continue  # only clear matches cross conversations
             group = _Group(0, len(items) - 1, candidate.score, candidate.created_at)
             group.label = path[-1].node.conversation_id
@@ -402,7 +411,9 @@ def _compose(build: BuildInput, groups: list[_Group], others: list[_Group]) -> t
 def _said_above(message: JSONObject, above: str) -> bool:
     text = message_text(message).strip().lower()
     terms = exact_terms(text)
-    return (len(text) >= 20 and text in above) or (bool(terms) and all(t in above for t in terms))
+    return (len(text) >= 20 and text in above) or (
+        bool(terms) and all(contains_term(above, t) for t in terms)
+    )
 
 
 def _question(current: list[HistoryItem]) -> str:
