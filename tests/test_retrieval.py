@@ -363,3 +363,34 @@ def test_a_time_reference_in_the_question_filters_by_date(
     assert "Postgres" not in block
     chat("What did we choose as the database for the ledger service?")  # no time reference: both weeks
     assert "we chose Postgres as the database" in injected(upstream)
+
+
+def test_budget_left_by_retrieval_goes_to_the_recent_window(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    # A question about the past with few matches must not leave the prompt half empty: the window grows
+    # over what retrieval did not need.
+    few = {"candidates": 5}  # few matches: retrieval needs far less than its allowance
+    gateway = gateway_with(make_gateway, upstream, context={"budget_tokens": 8_000}, retrieval=few)
+    long_turn = " ".join(TOPICS) + ". "
+    history: list[dict[str, Any]] = []
+    for i in range(60):
+        history.append({"role": "user", "content": f"Part {i}: " + long_turn * 2})
+        history.append({"role": "assistant", "content": f"Reply {i}: " + long_turn * 2})
+        if i == 54:  # just older than the smallest window: retrieval finds it, the window could hold it
+            history.append(
+                {"role": "user", "content": "The wifi password for the office is orange-kettle-42."}
+            )
+            history.append({"role": "assistant", "content": "Noted."})
+    history.append({"role": "user", "content": "ok"})
+    say(gateway, history)
+    wait_for_jobs(gateway, timeout=120)
+    history += [
+        {"role": "assistant", "content": "fine"},
+        {"role": "user", "content": "Did I mention the wifi password earlier?"},
+    ]
+    raw = say(gateway, history)
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    assert "orange-kettle-42" in forwarded(upstream)
+    assert report["sent_tokens"] <= report["budget_tokens"]
+    assert report["sent_tokens"] >= 0.9 * report["budget_tokens"], report["sections"]

@@ -19,7 +19,7 @@ from gateway.pipeline.context.budget import Budget, compute_budget
 from gateway.pipeline.context.exchanges import split_current, trim_current
 from gateway.pipeline.context.section import BuildInput, Proposal, Section
 from gateway.pipeline.context.window import RecentWindow
-from gateway.ports import ChatPayload, JSONObject, ModelCatalog, Tokenizers
+from gateway.ports import ChatPayload, JSONObject, ModelCatalog, Tokenizer, Tokenizers
 
 REPLY_PRIMING_TOKENS = 3
 WINDOW_FLOOR = 0.25
@@ -76,35 +76,29 @@ class ContextBuilder:
         spare = available - reserved  # the window always keeps its own share
         # What the window keeps at that share: the other sections work on what lies before it.
         build = replace(build, window=(await window.propose(build, reserved)).messages)
-        carry = 0
-        injected: list[tuple[str, Proposal]] = []
-        reported: dict[str, JSONObject] = {}
-        for section, want in zip(self.sections, wanted, strict=True):
-            # Its own scaled share plus what higher sections left; never the window's reserved share.
-            allowance = max(min(int(want * scale) + carry, spare), 0)
-            proposal = await section.propose(build, allowance)
-            used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
-            # Every section reports, even one that proposed nothing (its detail says why).
-            reported[section.name] = {
-                "tokens": used,
-                "asked": want,
-                "allowance": allowance,
-                **proposal.detail,
-            }
-            if used:
-                injected.append((section.name, proposal))
-                build.above.append(proposal.text or "")  # lower sections can avoid repeating it
-            carry, spare = allowance - used, spare - used
-        block = _injected_block(injected)
-        block_tokens = tokenizer.count_message(block) if block is not None else 0
-        if block_tokens > available:
-            block, block_tokens, injected = None, 0, []  # the framing does not fit a tiny budget: drop it
-            for detail in reported.values():
-                detail.update(tokens=0, dropped="no room for the injected block")
-        available -= block_tokens
+        injected, reported = await self._propose(build, wanted, scale, spare)
+        block, block_tokens = self._block(injected, reported, tokenizer, available)
         floor = _window_floor(history, injected)
+        window_proposal = await window.propose(
+            replace(build, history=history[floor:]), available - block_tokens
+        )
+        summary_floor = _window_floor(history, [(n, p) for n, p in injected if p.covers_through is not None])
+        if floor > summary_floor and available - block_tokens - window_proposal.tokens > REGROW_TOKENS:
+            # Retrieved history stopped the window at its newest message with budget to spare: let the
+            # window grow over those messages, and have the sections choose again from before it.
+            grown = await window.propose(
+                replace(build, history=history[summary_floor:]), available - block_tokens
+            )
+            if len(grown.messages) > len(window_proposal.messages):
+                build = replace(build, window=grown.messages, above=[])
+                injected, reported = await self._propose(build, wanted, scale, spare)
+                block, block_tokens = self._block(injected, reported, tokenizer, available)
+                floor = _window_floor(history, injected)
+                window_proposal = await window.propose(
+                    replace(build, history=history[floor:]), available - block_tokens
+                )
+        available -= block_tokens
         state.summary_path_tokens = _covered_tokens(injected)
-        window_proposal = await window.propose(replace(build, history=history[floor:]), available)
 
         messages: list[HistoryItem] = list(build.system)
         if block is not None:
@@ -140,6 +134,51 @@ class ContextBuilder:
             cut=_cut(cut, cut_tokens),
         )  # fmt: skip
         return ChatPayload({**body, "messages": [item.message for item in messages]})
+
+    async def _propose(
+        self, build: BuildInput, wanted: list[int], scale: float, spare: int
+    ) -> tuple[list[tuple[str, Proposal]], dict[str, JSONObject]]:
+        """Each section in priority order, within its scaled share plus what higher sections left."""
+        carry = 0
+        injected: list[tuple[str, Proposal]] = []
+        reported: dict[str, JSONObject] = {}
+        for section, want in zip(self.sections, wanted, strict=True):
+            # Its own scaled share plus what higher sections left; never the window's reserved share.
+            allowance = max(min(int(want * scale) + carry, spare), 0)
+            proposal = await section.propose(build, allowance)
+            used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
+            # Every section reports, even one that proposed nothing (its detail says why).
+            reported[section.name] = {
+                "tokens": used,
+                "asked": want,
+                "allowance": allowance,
+                **proposal.detail,
+            }
+            if used:
+                injected.append((section.name, proposal))
+                build.above.append(proposal.text or "")  # lower sections can avoid repeating it
+            carry, spare = allowance - used, spare - used
+        return injected, reported
+
+    @staticmethod
+    def _block(
+        injected: list[tuple[str, Proposal]],
+        reported: dict[str, JSONObject],
+        tokenizer: Tokenizer,
+        available: int,
+    ) -> tuple[JSONObject | None, int]:
+        """The delimited system message holding every injected section, and its tokens."""
+        block = _injected_block(injected)
+        block_tokens = tokenizer.count_message(block) if block is not None else 0
+        if block_tokens > available:  # the framing does not fit a tiny budget: drop it
+            injected.clear()
+            for detail in reported.values():
+                detail.update(tokens=0, dropped="no room for the injected block")
+            return None, 0
+        return block, block_tokens
+
+
+REGROW_TOKENS = 200  # leftover budget worth a second pass (see `__call__`)
 
 
 def _injected_block(injected: list[tuple[str, Proposal]]) -> JSONObject | None:
