@@ -8,9 +8,7 @@ from collections.abc import Callable
 import anyio
 
 from gateway.config import GatewayConfig
-from gateway.pipeline.persist import COMPACT, compaction_job_key
-from gateway.ports import JSONObject
-from gateway.records import NewJob
+from gateway.pipeline.persist import compact_job
 from gateway.wiring import build_deps
 
 
@@ -37,14 +35,8 @@ async def compact_now(
             raise LookupError(
                 f"no model for the summarisation calls: pass --model or set compaction.model for {tenant!r}"
             )
-        payload: JSONObject = {
-            "conversation_id": conversation.id,
-            "leaf_id": conversation.last_message_id,
-            "force": True,
-            "model": model,
-        }
         queued = await deps.jobs.enqueue(
-            NewJob(COMPACT, tenant, payload, key=compaction_job_key(conversation.id))
+            compact_job(tenant, conversation.id, conversation.last_message_id, model, force=True)
         )
         echo(
             "compaction queued" if queued else "a compaction of this conversation is already pending; waiting"

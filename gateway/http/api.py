@@ -22,10 +22,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import InvalidRequest, NotFound
-from gateway.pipeline.persist import COMPACT, compaction_job_key
+from gateway.pipeline.persist import compact_job
 from gateway.pipeline.validate import parse_json_object
-from gateway.ports import JSONObject
-from gateway.records import Conversation, NewJob, StoredMessage
+from gateway.records import Conversation, StoredMessage
 from gateway.tenants import Caller
 from gateway.wiring import Deps
 
@@ -128,14 +127,8 @@ async def compact_conversation(request: Request) -> Response:
             '{"model": "..."} in the body.',
             param="model",
         )
-    payload: JSONObject = {
-        "conversation_id": conversation.id,
-        "leaf_id": conversation.last_message_id,
-        "force": True,
-        "model": model,
-    }
     job_id = await deps.jobs.enqueue(
-        NewJob(COMPACT, caller.tenant.name, payload, key=compaction_job_key(conversation.id))
+        compact_job(caller.tenant.name, conversation.id, conversation.last_message_id, model, force=True)
     )
     deps.workers.notify()
     response = _json({"object": "job", "id": job_id, "queued": job_id is not None})

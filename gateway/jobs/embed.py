@@ -65,7 +65,6 @@ def index_rows(tenant: str, user_id: str | None, path: Sequence[StoredMessage], 
         row(index, "m", texts[index])
         if index >= 1 and texts[index - 1]:
             row(index, "p", f"{texts[index - 1]}\n{texts[index]}")
-        if index >= 1 and texts[index - 1]:
             before = texts[index - 2] if index >= 2 else ""
             window = "\n".join(t for t in (before, texts[index - 1], texts[index]) if t)
             row(index - 1, "w", window, f":{path[index].node.id}")  # keyed by the child: branches differ

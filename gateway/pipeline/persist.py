@@ -14,7 +14,7 @@ from gateway.config import CompactionConfig, ContextConfig
 from gateway.jobs.embed import embed_job
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.canonical import chain_hashes
-from gateway.ports import JSONObject, MessageStore, Tokenizers
+from gateway.ports import JSON, JSONObject, MessageStore, Tokenizers
 from gateway.records import AppendRequest, NewJob, NewMessage, RequestRecord
 
 COMPACT = "compact"
@@ -23,6 +23,16 @@ COMPACT = "compact"
 def compaction_job_key(conversation_id: str) -> str:
     """One pending compaction per conversation: it folds up to the newest answer when it runs."""
     return f"{COMPACT}:{conversation_id}"
+
+
+def compact_job(
+    tenant: str, conversation_id: str, leaf_id: str, model: JSON, *, force: bool = False
+) -> NewJob:
+    """Summarise the conversation up to `leaf_id` with `model`; `force`: whatever the threshold says."""
+    payload: JSONObject = {"conversation_id": conversation_id, "leaf_id": leaf_id, "model": model}
+    if force:
+        payload["force"] = True
+    return NewJob(COMPACT, tenant, payload, key=compaction_job_key(conversation_id))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +87,7 @@ class PersistStep:
             )
             policy = self.compaction
             if policy is not None and policy.due(new.path_tokens, state.summary_path_tokens):
-                payload: JSONObject = {
-                    "conversation_id": state.conversation_id,
-                    "leaf_id": new.id,
-                    "model": model,
-                }
-                jobs = (NewJob(COMPACT, call.tenant, payload, key=compaction_job_key(state.conversation_id)),)
+                jobs = (compact_job(call.tenant, state.conversation_id, new.id, model),)
             if self.index:
                 jobs += (embed_job(call.tenant, new.id, state.appended + 1),)
             answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (new,), jobs)
