@@ -206,15 +206,9 @@ class RetrievalSection:
         # The window may have grown since planning: what it now holds is not sent twice.
         recent = {positions[i.node_id] for i in build.window if i.node_id in positions}
         recent |= {positions[i.node_id] for i in (*build.current, *build.system) if i.node_id in positions}
-        ranked = found.on_path
-        if build.above:
-            # A message whose every identifier the summary already holds verbatim adds nothing to it.
-            above = "\n".join(build.above).lower()
-            ranked = [c for c in ranked if not _said_above(path[positions[c.node_id]].message, above)]
-            detail["covered_by_summary"] = len(found.on_path) - len(ranked)
         groups: list[_Group] = []
         if "skipped" not in detail:
-            groups = self._groups(build, path, positions, ranked, recent, allowance)
+            groups = self._groups(build, path, positions, found.on_path, recent, allowance)
         others: list[_Group] = []
         if found.other is not None:
             room = allowance - sum(g.tokens for g in groups) - build.tokenizer.count(OTHER_HEADER)
@@ -342,10 +336,14 @@ class RetrievalSection:
         days: set[str] = set()
         line_tokens: dict[int, int] = {}
         used = build.tokenizer.count(HEADER)
+        # What the summary above already says: checked only for the candidates this loop reaches.
+        above = "\n".join(build.above).lower()
         for candidate in ranked:
             at = positions[candidate.node_id]
             if at in taken:
                 continue
+            if above and _said_above(path[at].message, above):
+                continue  # every identifier of it is in the summary verbatim: it adds nothing
             start, end = _tool_safe(path, max(at - n, 0), min(at + n, len(path) - 1))
             span = [i for i in range(start, end + 1) if i not in taken]
             if not span:
