@@ -233,6 +233,11 @@ class VectorIndex(Protocol):
         """Semantic (when `query.vector` is set) and keyword rankings, each best first."""
         ...
 
+    async def prepare(self, query: SearchQuery) -> None:
+        """Get ready for a semantic search like `query` whose vector is still being computed (e.g. read
+        the conversation's vectors into memory meanwhile). Optional: may do nothing."""
+        ...
+
     async def delete(
         self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
     ) -> None:

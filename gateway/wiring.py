@@ -174,7 +174,12 @@ def build_indexes(config: GatewayConfig, upstreams: Mapping[str, Upstream]) -> d
             embedder = ApiEmbedder(upstreams[tenant.name], spec.model, spec.dimensions, spec.batch_size)
         table = index_table(embedder.model)
         if table not in indexes:
-            indexes[table] = LanceIndex.open(config.storage.index_location, table, embedder.dimensions)
+            indexes[table] = LanceIndex.open(
+                config.storage.index_location,
+                table,
+                embedder.dimensions,
+                cache_rows=config.storage.vector_cache_rows,
+            )
         targets[tenant.name] = IndexTarget(embedder, indexes[table])
     return targets
 

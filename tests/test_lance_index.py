@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import math
 import shutil
+import time
 from collections.abc import Coroutine, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,6 +18,7 @@ import pytest
 from lancedb.query import MatchQuery
 
 from gateway.adapters.lance_index import LanceIndex, keyword_query, table_name
+from gateway.adapters.vector_cache import RELOAD_SECONDS, Entry, VectorCache
 from gateway.errors import SearchIndexError
 from gateway.fakes.memory_index import MemoryIndex
 from gateway.ports import VectorIndex
@@ -570,3 +573,157 @@ def test_engine_failures_become_search_index_errors(tmp_path: Path) -> None:
             await index.add([row("b", "beta")])
 
     run(scenario())
+
+
+# -- the in-memory copy of searched conversations (vector_cache) -----------------------------------------
+
+
+def _scattered_rows() -> list[IndexRow]:
+    """Two tenants, two conversations each, dated and deep enough for every filter; some rows unembedded."""
+    rows = []
+    for tenant in ("acme", "other"):
+        for conversation in ("c1", "c2"):
+            for depth in range(40):
+                angle = (depth * 37 + len(conversation) + len(tenant)) % 360
+                vector = unit(math.cos(math.radians(angle)), math.sin(math.radians(angle)), depth % 3, 1)
+                rows.append(
+                    row(
+                        f"{tenant}-{conversation}-{depth}",
+                        f"message {depth}",
+                        tenant=tenant,
+                        conversation=conversation,
+                        depth=depth,
+                        vector=None if depth % 7 == 3 else vector,
+                        created_at=BASE + timedelta(hours=depth),
+                    )
+                )
+    return rows
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {},
+        {"max_depth": 25},
+        {"since": BASE + timedelta(hours=10), "until": BASE + timedelta(hours=30)},
+        {"since": (BASE + timedelta(hours=5)).astimezone(timezone(timedelta(hours=-7)))},
+        {"max_depth": 0},
+    ],
+)
+def test_cached_semantic_search_matches_the_table(tmp_path: Path, filters: dict[str, Any]) -> None:
+    uri = str(tmp_path / "db")
+    table = LanceIndex.open(uri, "shared", DIMS)
+    cached = LanceIndex.open(uri, "shared", DIMS, cache_rows=1000)
+
+    async def scenario() -> None:
+        await table.add(_scattered_rows())
+        # Generic directions: no two rows tie, so both orders are fully determined.
+        for vector in (unit(0.9, 0.3, 0.2, 0.1), unit(0.2, -0.9, 0.3, 0.1), unit(0.1, 0.2, 1, 0.7)):
+            for limit in (1, 10, 100):
+                q = query("", vector, limit=limit, conversation_id="c2", **filters)
+                expected = (await table.search(q)).semantic
+                found = (await cached.search(q)).semantic
+                assert ids(found) == ids(expected)
+                assert [h.score for h in found] == pytest.approx([h.score for h in expected], abs=1e-5)
+                assert [(h.view, h.depth, h.created_at, h.conversation_id) for h in found] == [
+                    (h.view, h.depth, h.created_at, h.conversation_id) for h in expected
+                ]
+                assert all(h.node_id.startswith("acme-c2-") for h in found)
+        assert (
+            cached._cache is not None and cached._cache.rows == 34
+        )  # one conversation, its 34 embedded rows
+
+    run(scenario())
+
+
+def test_cached_search_sees_rows_added_since_by_this_or_another_instance(tmp_path: Path) -> None:
+    uri = str(tmp_path / "db")
+    cached = LanceIndex.open(uri, "shared", DIMS, cache_rows=1000)
+    other = LanceIndex.open(uri, "shared", DIMS)  # another replica's writer
+
+    async def scenario() -> None:
+        await cached.add([row("a", "first", vector=unit(0, 1, 0, 0), depth=1)])
+        near = query("", unit(1, 0, 0, 0), conversation_id="c1")
+        assert ids((await cached.search(near)).semantic) == ["a"]
+        await cached.add([row("b", "second", vector=unit(1, 0.1, 0, 0), depth=2)])
+        assert ids((await cached.search(near)).semantic) == ["b", "a"]
+        await other.add([row("c", "third", vector=unit(1, 0, 0, 0), depth=3)])
+        await other.add([row("d", "unembedded", depth=4)])
+        assert ids((await cached.search(near)).semantic) == ["c", "b", "a"]
+        await other.set_vectors("acme", {"d:m": unit(1, 0.05, 0, 0)})  # a retried job fills it in
+        await cached.prepare(near)
+        assert ids((await cached.search(near)).semantic) == ["c", "d", "b", "a"]
+        # A row written late for an older message (jobs finishing out of order) is found too.
+        await other.add([row("e", "late", vector=unit(1, 0.2, 0, 0), depth=0)])
+        assert ids((await cached.search(near)).semantic) == ["c", "d", "b", "e", "a"]
+
+    run(scenario())
+
+
+def test_cached_conversations_are_forgotten_when_deleted(tmp_path: Path) -> None:
+    index = LanceIndex.open(str(tmp_path / "db"), "shared", DIMS, cache_rows=1000)
+
+    async def scenario() -> None:
+        await index.add(
+            [
+                row("a", "one", vector=unit(1, 0, 0, 0), conversation="c1", user="u1"),
+                row("b", "two", vector=unit(1, 0, 0, 0), conversation="c2", user="u1"),
+                row("c", "three", vector=unit(1, 0, 0, 0), conversation="c3", user="u2"),
+            ]
+        )
+        for conversation in ("c1", "c2", "c3"):
+            await index.search(query("", unit(1, 0, 0, 0), conversation_id=conversation))
+        assert index._cache is not None and index._cache.rows == 3
+        await index.delete("acme", conversation_id="c1")
+        assert ("acme", "c1") not in index._cache
+        await index.delete("acme", user_id="u1")
+        assert ("acme", "c2") not in index._cache and ("acme", "c3") in index._cache
+        for conversation in ("c1", "c2"):
+            assert (
+                await index.search(query("", unit(1, 0, 0, 0), conversation_id=conversation))
+            ).semantic == []
+        assert ids((await index.search(query("", unit(1, 0, 0, 0), conversation_id="c3"))).semantic) == ["c"]
+
+    run(scenario())
+
+
+def test_cache_holds_at_most_its_rows_and_searches_larger_conversations_in_the_table(tmp_path: Path) -> None:
+    index = LanceIndex.open(str(tmp_path / "db"), "shared", DIMS, cache_rows=5)
+
+    async def scenario() -> None:
+        rows = [
+            row(f"s{i}", "small", vector=unit(1, i, 0, 0), conversation="small", depth=i) for i in range(3)
+        ]
+        rows += [row(f"t{i}", "two", vector=unit(1, i, 0, 0), conversation="two", depth=i) for i in range(2)]
+        rows += [row(f"b{i}", "big", vector=unit(1, i, 0, 0), conversation="big", depth=i) for i in range(8)]
+        await index.add(rows)
+        assert index._cache is not None
+        await index.search(query("", unit(1, 0, 0, 0), conversation_id="small"))
+        await index.search(query("", unit(1, 0, 0, 0), conversation_id="two"))
+        assert index._cache.rows == 5
+        found = await index.search(query("", unit(1, 0, 0, 0), conversation_id="big", limit=3))
+        assert ids(found.semantic) == ["b0", "b1", "b2"]  # served, but not held
+        assert ("acme", "big") not in index._cache and index._cache.rows == 5
+        assert ids(
+            (await index.search(query("", unit(1, 0, 0, 0), conversation_id="big", limit=2))).semantic
+        ) == [
+            "b0",
+            "b1",
+        ]
+        await index.add([row("s9", "small", vector=unit(1, 9, 0, 0), conversation="small", depth=9)])
+        await index.search(query("", unit(1, 0, 0, 0), conversation_id="small"))
+        # Six rows do not fit with "two": the least recently used entry went.
+        assert index._cache.rows == 4 and ("acme", "two") not in index._cache
+
+    run(scenario())
+
+
+def test_cache_entries_are_reloaded_whole_after_a_while() -> None:
+    cache = VectorCache(max_rows=10)
+    fresh = Entry.empty("c1", DIMS)
+    old = replace(Entry.empty("c2", DIMS), loaded_at=time.monotonic() - RELOAD_SECONDS - 1)
+    cache.put(("acme", "c1"), fresh)
+    cache.put(("acme", "c2"), old)
+    assert cache.get(("acme", "c1")) is fresh
+    assert cache.get(("acme", "c2")) is None  # due: the next search reads the conversation again
+    assert ("acme", "c2") not in cache

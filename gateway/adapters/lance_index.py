@@ -31,6 +31,7 @@ from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.query import BooleanQuery, FullTextOperator, FullTextQuery, MatchQuery, Occur, PhraseQuery
 from lancedb.table import AsyncTable
 
+from gateway.adapters.vector_cache import COLUMNS, DELTA_MARGIN, Entry, Key, VectorCache
 from gateway.errors import SearchIndexError
 from gateway.records import IndexHit, IndexRow, SearchQuery, SearchResult
 
@@ -261,6 +262,7 @@ class LanceIndex:
         indexes_ready: bool = True,
         optimize_every_writes: int = OPTIMIZE_EVERY_WRITES,
         optimize_every_rows: int = OPTIMIZE_EVERY_ROWS,
+        cache_rows: int = 0,
     ) -> None:
         self.uri = uri
         self.name = name
@@ -277,6 +279,10 @@ class LanceIndex:
         self._rows = 0
         self._optimizing = False
         self._not_before = 0.0
+        # Semantic searches of one conversation run in memory over a copy of its vectors (vector_cache).
+        self._cache = VectorCache(cache_rows) if cache_rows > 0 else None
+        self._refreshing: dict[Key, anyio.Lock] = {}
+        self._too_big: set[Key] = set()
 
     @classmethod
     def open(
@@ -289,11 +295,13 @@ class LanceIndex:
         consistency: timedelta = timedelta(0),
         optimize_every_writes: int = OPTIMIZE_EVERY_WRITES,
         optimize_every_rows: int = OPTIMIZE_EVERY_ROWS,
+        cache_rows: int = 0,
     ) -> LanceIndex:
         """Open (creating if missing) the table `table` under `uri`: a local directory or an object-store
         URI (`s3://...`, with `storage_options`). `consistency` is how stale a read may be: 0 sees other
         processes' writes at once, at the cost of one manifest check per query (on object storage, a
-        round trip; a second or so is then a fair trade)."""
+        round trip; a second or so is then a fair trade). `cache_rows` bounds the in-memory copies of
+        searched conversations' vectors (0: every search goes to the table)."""
         name = table_name(table)
         try:
             # Start-up only: the blocking API, since this may run inside or outside an event loop.
@@ -326,6 +334,7 @@ class LanceIndex:
             indexes_ready=ready,
             optimize_every_writes=optimize_every_writes,
             optimize_every_rows=optimize_every_rows,
+            cache_rows=cache_rows,
         )
 
     @asynccontextmanager
@@ -407,6 +416,11 @@ class LanceIndex:
             await table.delete(where)
 
         await self._engine("delete", remove)
+        if self._cache is not None:
+            if conversation_id is not None:
+                self._cache.drop((tenant, conversation_id))
+            if user_id is not None:
+                self._cache.drop_user(tenant, user_id)
         await self._wrote(0)
 
     async def _wrote(self, rows: int) -> None:
@@ -456,6 +470,9 @@ class LanceIndex:
         async def semantic(table: AsyncTable) -> list[IndexHit]:
             if vector is None:
                 return []
+            entry = await self._cached(query)
+            if entry is not None:
+                return entry.search(query, vector)
             # Prefiltered (the default): top-k among the rows that pass the filter; rows without a
             # vector are skipped by the engine.
             result = await (
@@ -501,6 +518,52 @@ class LanceIndex:
         if failures:
             raise failures[0]
         return SearchResult(found["semantic"], found["keyword"])
+
+    async def prepare(self, query: SearchQuery) -> None:
+        if self._cached_key(query) is None:
+            return
+        async with self._translated("prepare"):
+            await self._cached(query)
+
+    def _cached_key(self, query: SearchQuery) -> Key | None:
+        """The cache key of a one-conversation query, when such queries are served from memory."""
+        if self._cache is None or query.conversation_id is None:
+            return None
+        if query.user_id is not None or query.exclude_conversation_id is not None:
+            return None
+        key = (query.tenant, query.conversation_id)
+        return None if key in self._too_big else key
+
+    async def _cached(self, query: SearchQuery) -> Entry | None:
+        """The conversation's vectors as of the table's current version, read into memory on first use
+        and brought up to date by what was added since (None: not cached, search the table)."""
+        key = self._cached_key(query)
+        if key is None or self._cache is None:
+            return None
+        cache = self._cache
+        lock = self._refreshing.setdefault(key, anyio.Lock())
+        async with lock:
+            table = await self._open()
+            version = await table.version()
+            entry = cache.get(key)
+            if entry is not None and entry.version == version:
+                return entry
+            where = (col("tenant") == lit(key[0])) & (col("conversation_id") == lit(key[1]))
+            newest = entry.newest() if entry is not None else None
+            if entry is None or newest is None:
+                entry = Entry.empty(key[1], self.dimensions)
+            else:
+                where = where & (col("created_at") >= lit(newest - DELTA_MARGIN))
+            rows = await table.query().where(where).select(COLUMNS).to_arrow()
+            entry = await anyio.to_thread.run_sync(entry.merged, rows, version)
+            if not cache.put(key, entry):
+                self._too_big.add(key)  # larger than the whole cache: searched in the table from now on
+        if not lock.locked() and key not in cache:
+            self._refreshing.pop(key, None)
+        if len(self._refreshing) > 2 * len(self._too_big) + 1024:
+            for stale in [k for k, held in self._refreshing.items() if not held.locked() and k not in cache]:
+                del self._refreshing[stale]
+        return entry
 
     async def count(self, tenant: str) -> int:
         """Rows of one tenant (tests, the dashboard)."""

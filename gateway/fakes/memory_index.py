@@ -92,6 +92,9 @@ class MemoryIndex:
                 continue
             del self.rows[row_id]
 
+    async def prepare(self, query: SearchQuery) -> None:
+        return None  # everything is in memory already
+
     async def search(self, query: SearchQuery) -> SearchResult:
         if query.limit <= 0:
             return SearchResult([], [])

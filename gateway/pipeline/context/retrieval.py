@@ -11,6 +11,7 @@ took, fit the allowance best first, then show the groups oldest first, each labe
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -243,7 +244,8 @@ class RetrievalSection:
         self, query: SearchQuery, other: SearchQuery | None
     ) -> tuple[SearchResult, SearchResult | None, float]:
         """Both rankings for this conversation (and the user's others): the keyword searches start at
-        once, the semantic ones as soon as the question is embedded. Returns the embedding's seconds too."""
+        once, the semantic ones as soon as the question is embedded; meanwhile the index prepares the
+        conversation's semantic search. Returns the embedding's seconds too."""
         queries = [query] if other is None else [query, other]
         keyword: list[SearchResult | None] = [None] * len(queries)
         semantic: list[SearchResult | None] = [None] * len(queries)
@@ -269,9 +271,16 @@ class RetrievalSection:
                 except StoreError as exc:
                     failures.append(exc)
 
+        async def prepare() -> None:
+            # A failure here shows again in the semantic search that follows, which reports it.
+            with contextlib.suppress(StoreError):
+                await self.index.prepare(query)
+
         async with anyio.create_task_group() as group:
             for slot in range(len(queries)):
                 group.start_soon(by_keyword, slot)
+            if self.embedder is not None:
+                group.start_soon(prepare)
             group.start_soon(by_meaning)
         if failures:
             raise failures[0]

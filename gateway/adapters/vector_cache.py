@@ -1,0 +1,187 @@
+"""In-memory copies of recently searched conversations' vectors, for the LanceDB index's semantic search.
+
+A semantic search of one conversation (a few thousand rows) costs LanceDB ~5 ms, nearly all of it per-query
+overhead; the same top-k over the same vectors in numpy takes ~0.2 ms (measured on a LoCoMo replay,
+BENCHMARKS.md). The index keeps each searched conversation's embedded rows here and brings them up to date
+from the table before each search: nothing when the table's version has not moved, else the rows created
+since the newest held one (less a margin for jobs that finish out of order). Entries are also reloaded whole
+after `RELOAD_SECONDS`, which picks up what a delta cannot see (a vector filled in late by a retried job,
+rows deleted by another replica). Least recently used entries go first when `max_rows` is reached.
+
+Only the data lives here; reading the table is the index's job (`lance_index.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from gateway.records import IndexHit, SearchQuery
+
+# Rows are written by jobs that may finish out of order (two workers, retries): a delta re-reads this far
+# behind the newest row it holds, and skips the ids it has.
+DELTA_MARGIN = timedelta(minutes=10)
+RELOAD_SECONDS = 600.0
+COLUMNS = ["id", "user_id", "node_id", "view", "depth", "created_at", "vector"]
+
+Key = tuple[str, str]  # (tenant, conversation_id)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One conversation's embedded rows: unit vectors in a matrix, their metadata in parallel arrays.
+    Never changed once built (`merged` returns a new one), so a search may read it while a refresh runs."""
+
+    conversation_id: str
+    user_id: str | None
+    version: int  # the table version these rows reflect
+    matrix: npt.NDArray[np.float32]
+    ids: frozenset[str] = frozenset()
+    node_ids: tuple[str, ...] = ()
+    views: tuple[str, ...] = ()
+    created: tuple[datetime, ...] = ()
+    depths: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    micros: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    loaded_at: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def empty(cls, conversation_id: str, dimensions: int, version: int = -1) -> Entry:
+        return cls(conversation_id, None, version, np.zeros((0, dimensions), dtype=np.float32))
+
+    @property
+    def rows(self) -> int:
+        return len(self.node_ids)
+
+    def newest(self) -> datetime | None:
+        return max(self.created) if self.created else None
+
+    def merged(self, table: pa.Table, version: int) -> Entry:
+        """This entry plus the rows of `table` (columns `COLUMNS`) that have a vector and are not held
+        yet, as of table version `version`."""
+        vectors = table.column("vector").combine_chunks()
+        row_ids = table.column("id").to_pylist()
+        keep = [
+            i
+            for i, (row_id, valid) in enumerate(zip(row_ids, vectors.is_valid().to_pylist(), strict=True))
+            if valid and row_id not in self.ids
+        ]
+        user_id = self.user_id
+        if user_id is None and table.num_rows:
+            user_id = table.column("user_id")[0].as_py()
+        if not keep:
+            return replace(self, version=version, user_id=user_id)
+        taken = table.take(keep)
+        dimensions = self.matrix.shape[1]
+        flat = taken.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        matrix = np.asarray(flat, dtype=np.float32).reshape(len(keep), dimensions)
+        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+        matrix = matrix / np.maximum(norms, 1e-12)  # cosine = dot product from here on
+        created = [_aware(c) for c in taken.column("created_at").to_pylist()]
+        depths = np.asarray(taken.column("depth").to_pylist(), dtype=np.int64)
+        return replace(
+            self,
+            user_id=user_id,
+            version=version,
+            matrix=np.concatenate([self.matrix, matrix]),
+            ids=self.ids | {row_ids[i] for i in keep},
+            node_ids=self.node_ids + tuple(taken.column("node_id").to_pylist()),
+            views=self.views + tuple(taken.column("view").to_pylist()),
+            created=self.created + tuple(created),
+            depths=np.concatenate([self.depths, depths]),
+            micros=np.concatenate([self.micros, np.asarray([_micros(c) for c in created], np.int64)]),
+        )
+
+    def search(self, query: SearchQuery, vector: npt.NDArray[np.float32]) -> list[IndexHit]:
+        """Top `query.limit` rows by cosine similarity among those passing the query's depth and time
+        filters (the tenant and conversation are the entry's own)."""
+        if not self.rows or query.limit <= 0:
+            return []
+        norm = float(np.linalg.norm(vector))
+        scores = self.matrix @ (vector / max(norm, 1e-12))
+        allowed = np.ones(self.rows, dtype=bool)
+        if query.max_depth is not None:
+            allowed &= self.depths < query.max_depth
+        if query.since is not None:
+            allowed &= self.micros >= _micros(_aware(query.since))
+        if query.until is not None:
+            allowed &= self.micros <= _micros(_aware(query.until))
+        candidates = np.flatnonzero(allowed)
+        if len(candidates) > query.limit:
+            top = np.argpartition(-scores[candidates], query.limit - 1)[: query.limit]
+            candidates = candidates[top]
+        order = candidates[np.argsort(-scores[candidates], kind="stable")]
+        return [
+            IndexHit(
+                self.node_ids[i],
+                self.conversation_id,
+                self.views[i],
+                int(self.depths[i]),
+                self.created[i],
+                float(scores[i]),
+            )
+            for i in order
+        ]
+
+
+class VectorCache:
+    """Entries by (tenant, conversation), least recently used first out, at most `max_rows` rows in all."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self._entries: OrderedDict[Key, Entry] = OrderedDict()
+        self._rows = 0
+
+    @property
+    def rows(self) -> int:
+        return self._rows
+
+    def get(self, key: Key) -> Entry | None:
+        """The entry of `key`, unless it is missing or due for a whole reload."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if time.monotonic() - entry.loaded_at > RELOAD_SECONDS:
+            self.drop(key)
+            return None
+        self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: Key, entry: Entry) -> bool:
+        """Hold `entry` in place of any entry of `key`; False (and nothing held) if it is larger than the
+        whole cache."""
+        self.drop(key)
+        if entry.rows > self.max_rows:
+            return False
+        self._entries[key] = entry
+        self._rows += entry.rows
+        while self._rows > self.max_rows:
+            self.drop(next(iter(self._entries)))
+        return True
+
+    def drop(self, key: Key) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._rows -= entry.rows
+
+    def drop_user(self, tenant: str, user_id: str) -> None:
+        for key in [k for k, e in self._entries.items() if k[0] == tenant and e.user_id == user_id]:
+            self.drop(key)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._entries
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _micros(value: datetime) -> int:
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
