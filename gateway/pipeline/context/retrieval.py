@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import date, datetime
 
 import anyio
 
@@ -41,6 +42,7 @@ DATE_LINE_TOKENS = 12  # "[2023-05-08 13:56]" and its line break
 SEPARATOR_TOKENS = 2  # the line break or "…" between groups
 MIN_GROUP_TOKENS = 12  # less room than this holds no message
 OTHER_MAX = 3  # groups from other conversations: each costs a store read
+LINE_CACHE_SIZE = 50_000
 
 
 @dataclass(slots=True)
@@ -87,6 +89,10 @@ class RetrievalSection:
     config: RetrievalConfig
     clock: Callable[[], datetime]
     name: str = "retrieval"
+    # (encoding, message id) -> tokens of the message's line, least recently used first.
+    line_tokens: OrderedDict[tuple[str, str], int] = field(
+        default_factory=OrderedDict, init=False, repr=False
+    )
 
     @property
     def allowance(self) -> int:
@@ -342,8 +348,7 @@ class RetrievalSection:
         n = self.config.neighbours
         taken: set[int] = set(recent)
         groups: list[_Group] = []
-        days: set[str] = set()
-        line_tokens: dict[int, int] = {}
+        days: set[date | None] = set()
         used = build.tokenizer.count(HEADER)
         # What the summary above already says: checked only for the candidates this loop reaches.
         above = "\n".join(build.above).lower()
@@ -364,28 +369,38 @@ class RetrievalSection:
             if any(i in taken for i in range(start, end + 1)):
                 continue  # a tool step could not be kept whole here
             group = _Group(start, end, candidate.score, candidate.created_at)
-            # Groups of one day share a date line: only the first of a day pays for it. Each message's
-            # line is counted once; the section's whole text is counted exactly at the end.
+            # Groups of one day share a date line: only the first of a day pays for it. A group costs its
+            # lines and the breaks between them (each message's line counted once, see `_line_tokens`);
+            # the section's whole text is counted exactly at the end.
             day = _day(candidate.created_at)
-            for i in range(start, end + 1):
-                if i not in line_tokens:
-                    line_tokens[i] = build.tokenizer.count(_lines(path, i, i)) + 1
             date_line = DATE_LINE_TOKENS if day not in days else 0
-            estimate = sum(line_tokens[i] for i in range(start, end + 1)) - 1 + SEPARATOR_TOKENS
-            if used + estimate + date_line > allowance:  # the estimate errs high by a token per line
+            group.tokens = sum(self._line_tokens(build, path[i]) + 1 for i in range(start, end + 1))
+            group.tokens += SEPARATOR_TOKENS - 1
+            if used + group.tokens + date_line > allowance:
                 if allowance - used < MIN_GROUP_TOKENS:
                     break  # nothing more fits
                 continue  # a smaller, lower-ranked group may still fit
             group.text = _lines(path, start, end)
-            group.tokens = build.tokenizer.count(group.text) + SEPARATOR_TOKENS
-            cost = group.tokens + date_line
-            if used + cost > allowance:
-                continue
-            used += cost
+            used += group.tokens + date_line
             days.add(day)
             taken.update(range(start, end + 1))
             groups.append(group)
         return groups
+
+    def _line_tokens(self, build: BuildInput, item: HistoryItem) -> int:
+        """Tokens of one message's line; stored messages never change, so each is counted once per
+        encoding (the same old messages come back request after request)."""
+        if item.node_id is None:
+            return build.tokenizer.count(_line(item))
+        key = (build.tokenizer.name, item.node_id)
+        count = self.line_tokens.get(key)
+        if count is None:
+            count = self.line_tokens[key] = build.tokenizer.count(_line(item))
+            if len(self.line_tokens) > LINE_CACHE_SIZE:
+                self.line_tokens.popitem(last=False)
+        else:
+            self.line_tokens.move_to_end(key)
+        return count
 
 
 def _compose(build: BuildInput, groups: list[_Group], others: list[_Group]) -> tuple[str | None, int]:
@@ -395,7 +410,8 @@ def _compose(build: BuildInput, groups: list[_Group], others: list[_Group]) -> t
     if groups:
         blocks.append(HEADER)
         day_block: list[str] = []
-        day, previous = None, None
+        day: date | str | None = "none yet"  # an undated group is a day of its own (None)
+        previous: _Group | None = None
         for group in sorted(groups, key=lambda g: g.start):
             if _day(group.created_at) != day:
                 if day_block:
@@ -477,14 +493,16 @@ def _tool_safe(path: list[HistoryItem], start: int, end: int) -> tuple[int, int]
 
 
 def _lines(path: list[HistoryItem], start: int, end: int) -> str:
-    return "\n".join(
-        f"{item.message.get('role')}: {message_text(item.message)}" for item in path[start : end + 1]
-    )
+    return "\n".join(_line(item) for item in path[start : end + 1])
+
+
+def _line(item: HistoryItem) -> str:
+    return f"{item.message.get('role')}: {message_text(item.message)}"
 
 
 def _when(created_at: datetime | None) -> str:
     return f"{created_at:%Y-%m-%d %H:%M}" if created_at is not None else "undated"
 
 
-def _day(created_at: datetime | None) -> str:
-    return f"{created_at:%Y-%m-%d}" if created_at is not None else "undated"
+def _day(created_at: datetime | None) -> date | None:
+    return created_at.date() if created_at is not None else None
