@@ -646,6 +646,11 @@ def test_cached_search_sees_rows_added_since_by_this_or_another_instance(tmp_pat
         near = query("", unit(1, 0, 0, 0), conversation_id="c1")
         assert ids((await cached.search(near)).semantic) == ["a"]
         await cached.add([row("b", "second", vector=unit(1, 0.1, 0, 0), depth=2)])
+        # Its own write went straight into the copy: no read of the table is due.
+        assert cached._cache is not None
+        entry = cached._cache.get(("acme", "c1"))
+        assert entry is not None and "b:m" in entry.ids
+        assert entry.version == await (await cached._open()).version()
         assert ids((await cached.search(near)).semantic) == ["b", "a"]
         await other.add([row("c", "third", vector=unit(1, 0, 0, 0), depth=3)])
         await other.add([row("d", "unembedded", depth=4)])

@@ -370,17 +370,36 @@ class LanceIndex:
             return
         data = await anyio.to_thread.run_sync(_rows_table, rows, self._schema, self.dimensions)
 
-        async def insert(table: AsyncTable) -> None:
+        async def insert(table: AsyncTable) -> int:
             # Insert only the ids not there yet: a retried job re-adds the same rows without duplicates,
             # and a vector already set is not reset to null.
-            await table.merge_insert("id").when_not_matched_insert_all().execute(data, on_bad_vectors="null")
+            merged = await (
+                table.merge_insert("id").when_not_matched_insert_all().execute(data, on_bad_vectors="null")
+            )
             if not self._indexes_ready:
                 for column, config in _missing_indexes(await table.list_indices()).items():
                     await table.create_index(column, config=config)
                 self._indexes_ready = True
+                return -1  # the indexes made versions of their own
+            return int(merged.version)
 
-        await self._engine("add", insert)
+        version = await self._engine("add", insert)
+        if self._cache is not None and version > 0:
+            self._cache_added(data, version)
         await self._wrote(data.num_rows)
+
+    def _cache_added(self, data: pa.Table, version: int) -> None:
+        """Apply this write to the cached conversations it touched, if the table had not moved since they
+        were read (else the next search reads what changed)."""
+        assert self._cache is not None
+        tenants = data.column("tenant").to_pylist()
+        conversations = data.column("conversation_id").to_pylist()
+        for key in set(zip(tenants, conversations, strict=True)):
+            entry = self._cache.get(key)
+            if entry is None or entry.version != version - 1:
+                continue
+            mine = [i for i, k in enumerate(zip(tenants, conversations, strict=True)) if k == key]
+            self._cache.put(key, entry.merged(data.take(mine).select(COLUMNS), version))
 
     async def set_vectors(self, tenant: str, vectors: dict[str, list[float]]) -> None:
         if not vectors:
