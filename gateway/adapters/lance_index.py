@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import anyio
@@ -82,6 +82,7 @@ _MAX_BUSY_SHARE = 0.2  # after a compaction taking d seconds, the next waits at 
 # old copies stay until they age out: with 10 minutes a LoCoMo replay (17k rows, ~5,000 writes in an
 # hour) left 47 GB on disk.
 _KEEP_VERSIONS = timedelta(seconds=60)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def table_name(name: str) -> str:
@@ -231,15 +232,18 @@ def keyword_query(text: str) -> FullTextQuery | None:
 
 
 def _hits(result: pa.Table, score: Callable[[float], float], column: str) -> list[IndexHit]:
-    data = result.to_pydict()
+    # Timestamps as integers, made into datetimes here: pyarrow's own conversion of zoned timestamps
+    # cost ~1 ms per 120 hits (measured), most of a keyword search's Python time.
+    micros = result.column("created_at").cast(pa.int64()).to_pylist()
+    data = result.select(["node_id", "conversation_id", "view", "depth", column]).to_pydict()
     hits = [
-        IndexHit(node_id, conversation_id, view, depth, created_at, score(raw))
-        for node_id, conversation_id, view, depth, created_at, raw in zip(
+        IndexHit(node_id, conversation_id, view, depth, _EPOCH + timedelta(microseconds=at), score(raw))
+        for node_id, conversation_id, view, depth, at, raw in zip(
             data["node_id"],
             data["conversation_id"],
             data["view"],
             data["depth"],
-            data["created_at"],
+            micros,
             data[column],
             strict=True,
         )

@@ -83,8 +83,10 @@ class Entry:
         matrix = np.asarray(flat, dtype=np.float32).reshape(len(keep), dimensions)
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
         matrix = matrix / np.maximum(norms, 1e-12)  # cosine = dot product from here on
-        created = [_aware(c) for c in taken.column("created_at").to_pylist()]
-        depths = np.asarray(taken.column("depth").to_pylist(), dtype=np.int64)
+        # As integers first: pyarrow's own conversion of zoned timestamps is slow (~9 µs a row).
+        micros = np.asarray(taken.column("created_at").cast(pa.int64()).to_numpy(), dtype=np.int64)
+        created = [_EPOCH + timedelta(microseconds=int(m)) for m in micros]
+        depths = np.asarray(taken.column("depth").to_numpy(), dtype=np.int64)
         return replace(
             self,
             user_id=user_id,
@@ -95,7 +97,7 @@ class Entry:
             views=self.views + tuple(taken.column("view").to_pylist()),
             created=self.created + tuple(created),
             depths=np.concatenate([self.depths, depths]),
-            micros=np.concatenate([self.micros, np.asarray([_micros(c) for c in created], np.int64)]),
+            micros=np.concatenate([self.micros, micros]),
         )
 
     def search(self, query: SearchQuery, vector: npt.NDArray[np.float32]) -> list[IndexHit]:
