@@ -44,8 +44,8 @@ class StorageConfig(_Frozen):
     node_cache_size: int = Field(default=100_000, ge=0)
     # LanceDB location (vectors + full-text index): a directory or an object-store URI; None: data_dir/lancedb.
     index_uri: str | None = None
-    # Rows of searched conversations' vectors held in memory per process for semantic search; 0: off.
-    vector_cache_rows: int = Field(default=100_000, ge=0)
+    # Memory per process (and per embedding model) for searched conversations' vectors; 0: off.
+    vector_cache_mb: int = Field(default=150, ge=0)
 
     @property
     def index_location(self) -> str:

@@ -178,7 +178,7 @@ def build_indexes(config: GatewayConfig, upstreams: Mapping[str, Upstream]) -> d
                 config.storage.index_location,
                 table,
                 embedder.dimensions,
-                cache_rows=config.storage.vector_cache_rows,
+                cache_rows=config.storage.vector_cache_mb * 2**20 // (4 * embedder.dimensions),
             )
         targets[tenant.name] = IndexTarget(embedder, indexes[table])
     return targets
