@@ -137,6 +137,8 @@ class EmbedderConfig(_Frozen):
     model: str | None = None
     dimensions: int | None = Field(default=None, gt=0)
     batch_size: int = Field(default=64, ge=1)
+    # Upstream only: longer texts are cut to this many tokens (OpenAI's embedding models take 8,191).
+    max_input_tokens: int = Field(default=8_000, ge=1)
 
     @model_validator(mode="after")
     def _upstream_needs_model(self) -> EmbedderConfig:

@@ -148,7 +148,9 @@ def index_table(model: str) -> str:
     return "messages_" + re.sub(r"[^A-Za-z0-9_]+", "_", model).strip("_")
 
 
-def build_indexes(config: GatewayConfig, upstreams: Mapping[str, Upstream]) -> dict[str, IndexTarget]:
+def build_indexes(
+    config: GatewayConfig, upstreams: Mapping[str, Upstream], tokenizers: Tokenizers
+) -> dict[str, IndexTarget]:
     """Each retrieving tenant's embedder and index; tenants sharing a model share both (one table per
     model, rows filtered by tenant)."""
     from gateway.adapters.lance_index import LanceIndex
@@ -171,7 +173,14 @@ def build_indexes(config: GatewayConfig, upstreams: Mapping[str, Upstream]) -> d
             from gateway.adapters.api_embedder import ApiEmbedder
 
             assert spec.model is not None and spec.dimensions is not None  # checked by the config
-            embedder = ApiEmbedder(upstreams[tenant.name], spec.model, spec.dimensions, spec.batch_size)
+            embedder = ApiEmbedder(
+                upstreams[tenant.name],
+                spec.model,
+                spec.dimensions,
+                spec.batch_size,
+                max_input_tokens=spec.max_input_tokens,
+                count=tokenizers.for_model(spec.model).count,
+            )
         table = index_table(embedder.model)
         if table not in indexes:
             indexes[table] = LanceIndex.open(
@@ -208,7 +217,7 @@ def build_deps(
         tokenizers.for_model(model)
     catalog = LiteLLMModelCatalog.load()
     upstreams = {t.name: build_upstream(t) for t in config.tenants}
-    indexes = build_indexes(config, upstreams)
+    indexes = build_indexes(config, upstreams, tokenizers)
     tenants = TenantRegistry(
         Tenant(
             t.name,

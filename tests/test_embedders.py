@@ -22,8 +22,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from tokenizers import BertWordPieceTokenizer
 
-from gateway.adapters.api_embedder import ApiEmbedder
+from gateway.adapters.api_embedder import ApiEmbedder, _fit, _utf8_bytes
 from gateway.adapters.onnx_embedder import OnnxEmbedder
+from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
 from gateway.config import parse_config
 from gateway.errors import EmbeddingError, UpstreamError
 from gateway.fakes.embedder import HashingEmbedder
@@ -432,3 +433,38 @@ def test_hashing_embedder_can_fail() -> None:
     with pytest.raises(EmbeddingError):
         run(lambda: fake.embed(["x"]))
     assert fake.calls == [["x"]]
+
+
+def test_api_embedder_cuts_texts_a_provider_would_refuse(upstream: FakeServer) -> None:
+    upstream.fake.max_embedding_words = 50  # as a provider refuses inputs over its context length
+    tokenizer = TiktokenTokenizers().for_model("text-embedding-3-small")
+    document = " ".join(f"line {i} of the pasted deployment log" for i in range(400))  # ~2,800 words
+    texts = ["short question", document, "Ünïcödé ✓ " * 30]
+
+    async def scenario(limit: int | None) -> list[list[float]]:
+        adapter = tenant_upstream(upstream.base_url)
+        try:
+            if limit is None:
+                return await ApiEmbedder(adapter, "text-embedding-3-small", 3).embed(texts)
+            embedder = ApiEmbedder(
+                adapter, "text-embedding-3-small", 3, max_input_tokens=limit, count=tokenizer.count
+            )
+            return await embedder.embed(texts)
+        finally:
+            await adapter.aclose()
+
+    with pytest.raises(EmbeddingError, match=r"HTTP 400: .*longer than 50 words"):
+        run(lambda: scenario(None))  # the default limit (8,000 tokens) is the provider's, not this fake's
+    vectors = run(lambda: scenario(50))
+    assert len(vectors) == 3
+    sent = upstream.fake.received[-1].body["input"]
+    assert sent[0] == "short question"  # short texts go as they are
+    assert document.startswith(sent[1]) and 40 <= tokenizer.count(sent[1]) <= 50  # the start, cut to fit
+    assert tokenizer.count(sent[2]) <= 50 and texts[2].startswith(sent[2])
+
+
+def test_api_embedder_without_a_tokenizer_cuts_by_bytes() -> None:
+    text = "ab✓" * 10  # 5 bytes per repeat
+    cut = _fit(text, 12, _utf8_bytes)
+    assert text.startswith(cut) and 8 <= len(cut.encode()) <= 12
+    assert _fit("short", 12, _utf8_bytes) == "short"

@@ -6,7 +6,7 @@ and checks what comes back, so a provider's answer never reaches the index unver
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -22,15 +22,30 @@ EXCERPT_CHARS = 200
 
 class ApiEmbedder:
     """Batches of `batch_size` texts, sent one after another (a background job need not flood the
-    provider); vectors are re-normalised, since not every OpenAI-compatible server normalises."""
+    provider); vectors are re-normalised, since not every OpenAI-compatible server normalises.
 
-    def __init__(self, upstream: Upstream, model: str, dimensions: int, batch_size: int = 64) -> None:
-        if dimensions < 1 or batch_size < 1:
-            raise ValueError("dimensions and batch_size must be at least 1")
+    Texts longer than `max_input_tokens` (counted with `count`, e.g. the model's tiktoken encoding) are
+    cut to fit: providers refuse over-long inputs, and one pasted document would otherwise fail the whole
+    batch, leaving its exchange without vectors. The start of a message says what it is about."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        model: str,
+        dimensions: int,
+        batch_size: int = 64,
+        *,
+        max_input_tokens: int = 8_000,
+        count: Callable[[str], int] | None = None,
+    ) -> None:
+        if dimensions < 1 or batch_size < 1 or max_input_tokens < 1:
+            raise ValueError("dimensions, batch_size and max_input_tokens must be at least 1")
         self._upstream = upstream
         self._model = model
         self._dimensions = dimensions
         self.batch_size = batch_size
+        self._max_tokens = max_input_tokens
+        self._count = count or _utf8_bytes
 
     @property
     def model(self) -> str:
@@ -49,7 +64,7 @@ class ApiEmbedder:
     async def _batch(self, texts: Sequence[str]) -> list[list[float]]:
         # OpenAI rejects an empty string as input; a lone space embeds as "no content" instead of failing
         # the whole batch (an assistant turn made only of tool calls has empty text).
-        inputs = [text or " " for text in texts]
+        inputs = [_fit(text, self._max_tokens, self._count) or " " for text in texts]
         body = orjson.dumps({"model": self._model, "input": inputs})
         where = f"embeddings from {self._upstream.name!r} (model {self._model!r})"
         try:
@@ -83,6 +98,22 @@ class ApiEmbedder:
     async def aclose(self) -> None:
         # The upstream belongs to its tenant, which closes it; it may be serving chats still.
         return None
+
+
+def _utf8_bytes(text: str) -> int:
+    """An upper bound on any byte-level tokenizer's count: a token holds at least one byte."""
+    return len(text.encode())
+
+
+def _fit(text: str, limit: int, count: Callable[[str], int]) -> str:
+    """`text`, cut to at most `limit` tokens by `count`."""
+    if len(text.encode()) <= limit:
+        return text  # no byte-level tokenizer makes more tokens than bytes: nothing to count
+    tokens = count(text)
+    while tokens > limit:
+        text = text[: max(int(len(text) * limit / tokens * 0.95), 1)]
+        tokens = count(text)
+    return text
 
 
 def _vectors(answer: JSON, expected: int, where: str) -> npt.NDArray[np.float64]:

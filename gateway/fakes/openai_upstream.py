@@ -68,6 +68,7 @@ class FakeUpstream:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     record: bool = True
+    max_embedding_words: int | None = None  # /v1/embeddings refuses longer inputs (None: no limit)
 
     def enqueue(self, *replies: Reply) -> None:
         with self._lock:
@@ -133,6 +134,11 @@ class FakeUpstream:
         body = await self._remember(request)
         inputs = body.get("input")
         texts = inputs if isinstance(inputs, list) else [inputs]
+        limit = self.max_embedding_words
+        if limit is not None and any(len(str(t).split()) > limit for t in texts):
+            # As a provider does (OpenAI: "maximum context length is 8192 tokens"); a word is at least a token.
+            error = {"message": f"an input is longer than {limit} words", "type": "invalid_request_error"}
+            return Response(orjson.dumps({"error": error}), status_code=400, media_type="application/json")
         data = [
             {"object": "embedding", "index": i, "embedding": [float(len(str(t)) % 7), 0.5, -0.25]}
             for i, t in enumerate(texts)
