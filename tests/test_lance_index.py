@@ -732,3 +732,29 @@ def test_cache_entries_are_reloaded_whole_after_a_while() -> None:
     assert cache.get(("acme", "c1")) is fresh
     assert cache.get(("acme", "c2")) is None  # due: the next search reads the conversation again
     assert ("acme", "c2") not in cache
+
+
+def test_a_compaction_keeps_cached_copies_exact_unless_another_writer_added_rows(tmp_path: Path) -> None:
+    uri = str(tmp_path / "db")
+    cached = LanceIndex.open(uri, "shared", DIMS, cache_rows=1000)
+    other = LanceIndex.open(uri, "shared", DIMS)
+    near = query("", unit(1, 0, 0, 0), conversation_id="c1")
+
+    async def scenario() -> None:
+        for depth in range(4):
+            await cached.add([row(f"n{depth}", "text", vector=unit(1, depth, 0, 0), depth=depth)])
+        await cached.search(near)
+        assert cached._cache is not None
+        await cached.optimize()
+        table = await cached._open()
+        entry = cached._cache.get(("acme", "c1"))
+        assert entry is not None and entry.version == await table.version()  # no read due
+        assert ids((await cached.search(near)).semantic) == ["n0", "n1", "n2", "n3"]
+
+        await other.add([row("x", "from another replica", vector=unit(1, 0.5, 0, 0), depth=9)])
+        await cached.optimize()
+        entry = cached._cache.get(("acme", "c1"))
+        assert entry is not None and entry.version != await table.version()  # left for the next search
+        assert ids((await cached.search(near)).semantic) == ["n0", "x", "n1", "n2", "n3"]
+
+    run(scenario())

@@ -468,12 +468,29 @@ class LanceIndex:
         self._optimizing = True
         started = time.monotonic()
         try:
-            await self._engine("optimize", lambda table: table.optimize(cleanup_older_than=_KEEP_VERSIONS))
+
+            async def compact(table: AsyncTable) -> None:
+                before = await table.version()
+                await table.optimize(cleanup_older_than=_KEEP_VERSIONS)
+                if self._cache is not None:
+                    await self._cache_compacted(table, before)
+
+            await self._engine("optimize", compact)
         finally:
             self._optimizing = False
             self._writes = self._rows = 0
             elapsed = time.monotonic() - started
             self._not_before = time.monotonic() + elapsed / _MAX_BUSY_SHARE
+
+    async def _cache_compacted(self, table: AsyncTable, before: int) -> None:
+        """A compaction rewrites files, not rows: copies as of `before` stay exact, unless another writer
+        changed the row count meanwhile (then their next search reads what changed)."""
+        assert self._cache is not None
+        versions = await table.list_versions()  # type: ignore[no-untyped-call]
+        rows = {v["version"]: v["metadata"].get("total_rows") for v in versions}
+        after = max(rows, default=before)
+        if before in rows and all(rows.get(v) == rows[before] for v in range(before + 1, after + 1)):
+            self._cache.advance(before, after)
 
     # -- reads (request path) -------------------------------------------------------------------------
 

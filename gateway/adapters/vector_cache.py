@@ -176,6 +176,13 @@ class VectorCache:
         for key in [k for k, e in self._entries.items() if k[0] == tenant and e.user_id == user_id]:
             self.drop(key)
 
+    def advance(self, before: int, after: int) -> None:
+        """Entries exact as of table version `before` are exact as of `after` too (nothing they hold
+        changed in between)."""
+        for key, entry in list(self._entries.items()):
+            if entry.version == before:
+                self._entries[key] = replace(entry, version=after)
+
     def __contains__(self, key: Key) -> bool:
         return key in self._entries
 
