@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from typing import TypeVar
 
 import anyio
@@ -31,7 +31,7 @@ from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.query import BooleanQuery, FullTextOperator, FullTextQuery, MatchQuery, Occur, PhraseQuery
 from lancedb.table import AsyncTable
 
-from gateway.adapters.vector_cache import COLUMNS, DELTA_MARGIN, Entry, Key, VectorCache
+from gateway.adapters.vector_cache import COLUMNS, DELTA_MARGIN, Entry, Key, VectorCache, from_micros
 from gateway.errors import SearchIndexError
 from gateway.records import IndexHit, IndexRow, SearchQuery, SearchResult
 
@@ -82,7 +82,6 @@ _MAX_BUSY_SHARE = 0.2  # after a compaction taking d seconds, the next waits at 
 # old copies stay until they age out: with 10 minutes a LoCoMo replay (17k rows, ~5,000 writes in an
 # hour) left 47 GB on disk.
 _KEEP_VERSIONS = timedelta(seconds=60)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def table_name(name: str) -> str:
@@ -237,7 +236,7 @@ def _hits(result: pa.Table, score: Callable[[float], float], column: str) -> lis
     micros = result.column("created_at").cast(pa.int64()).to_pylist()
     data = result.select(["node_id", "conversation_id", "view", "depth", column]).to_pydict()
     hits = [
-        IndexHit(node_id, conversation_id, view, depth, _EPOCH + timedelta(microseconds=at), score(raw))
+        IndexHit(node_id, conversation_id, view, depth, from_micros(at), score(raw))
         for node_id, conversation_id, view, depth, at, raw in zip(
             data["node_id"],
             data["conversation_id"],
@@ -598,8 +597,7 @@ class LanceIndex:
             entry = await anyio.to_thread.run_sync(entry.merged, rows, version)
             if not cache.put(key, entry):
                 self._too_big.add(key)  # larger than the whole cache: searched in the table from now on
-        if not lock.locked() and key not in cache:
-            self._refreshing.pop(key, None)
+        # Locks of conversations no longer held go once they pile up.
         if len(self._refreshing) > 2 * len(self._too_big) + 1024:
             for stale in [k for k, held in self._refreshing.items() if not held.locked() and k not in cache]:
                 del self._refreshing[stale]

@@ -60,7 +60,7 @@ class Entry:
         return len(self.node_ids)
 
     def newest(self) -> datetime | None:
-        return max(self.created) if self.created else None
+        return from_micros(int(self.micros.max())) if self.rows else None
 
     def merged(self, table: pa.Table, version: int) -> Entry:
         """This entry plus the rows of `table` (columns `COLUMNS`) that have a vector and are not held
@@ -85,7 +85,7 @@ class Entry:
         matrix = matrix / np.maximum(norms, 1e-12)  # cosine = dot product from here on
         # As integers first: pyarrow's own conversion of zoned timestamps is slow (~9 µs a row).
         micros = np.asarray(taken.column("created_at").cast(pa.int64()).to_numpy(), dtype=np.int64)
-        created = [_EPOCH + timedelta(microseconds=int(m)) for m in micros]
+        created = [from_micros(int(m)) for m in micros]
         depths = np.asarray(taken.column("depth").to_numpy(), dtype=np.int64)
         return replace(
             self,
@@ -185,6 +185,11 @@ class VectorCache:
 
     def __contains__(self, key: Key) -> bool:
         return key in self._entries
+
+
+def from_micros(value: int) -> datetime:
+    """The UTC instant `value` microseconds after the epoch (how Arrow stores a timestamp)."""
+    return _EPOCH + timedelta(microseconds=value)
 
 
 def _aware(value: datetime) -> datetime:
