@@ -5,8 +5,9 @@ the whole history; speaker A as the user, speaker B's turns as the upstream's an
 set to each session's date), waits for the background jobs (embedding), then asks every question of
 categories 1-4 as a branch at the end of the conversation, once per budget, and scores what the gateway
 actually forwarded to the (fake) upstream: the share of each question's evidence turns present verbatim.
-Also prints retrieval latency (the retrieval section's own time per request, from its ContextReport)
-and tokens sent.
+Also prints retrieval latency (the retrieval section's own time per request, from its ContextReport),
+the gateway's whole time per question (its `x-gateway-overhead-ms` header) and tokens sent.
+`--dump FILE` writes each question's evidence, what was found and the retrieval report.
 
     python benchmarks/locomo.py [--data ../shared/locomo/locomo-dev.json] [--budgets 2000,4000,8000]
 
@@ -73,10 +74,12 @@ class Score:
     recall: dict[int, list[float]] = field(default_factory=lambda: defaultdict(list))
     tokens: list[int] = field(default_factory=list)
     retrieval_ms: list[float] = field(default_factory=list)
+    overhead_ms: list[float] = field(default_factory=list)  # the gateway's whole time per question
     parts_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     shares: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     allowances: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    questions: list[dict[str, Any]] = field(default_factory=list)  # per question, for --dump
 
 
 def session_date(text: str) -> datetime:
@@ -215,9 +218,10 @@ def ask(
         response.raise_for_status()
         sent = fake.last_chat().body["messages"]
         forwarded = "\n".join(str(m.get("content")) for m in sent)
-        found = sum(contents[e] in forwarded for e in evidence)
-        score.recall[category].append(found / len(evidence))
+        found = [e for e in evidence if contents[e] in forwarded]
+        score.recall[category].append(len(found) / len(evidence))
         score.tokens.append(int(response.headers.get("x-context-tokens-sent", 0)))
+        score.overhead_ms.append(float(response.headers["x-gateway-overhead-ms"]))
         record = request_record(http, response.headers["x-gateway-request-id"], headers)
         sections = (record.get("report") or {}).get("sections") or {}
         retrieval = sections.get("retrieval")
@@ -232,6 +236,17 @@ def ask(
             score.skipped[str(retrieval["skipped"])] += 1
         if retrieval:
             score.allowances[int(retrieval.get("asked", 0))] += 1
+        score.questions.append(
+            {
+                "sample": sample.sample_id,
+                "question": question,
+                "category": CATEGORIES[category],
+                "evidence": evidence,
+                "found": found,
+                "window_tokens": (sections.get("window") or {}).get("tokens", 0),
+                "retrieval": {k: v for k, v in (retrieval or {}).items() if k != "message_ids"},
+            }
+        )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -252,6 +267,8 @@ def report(name: str, score: Score) -> dict[str, Any]:
         "tokens_max": max(score.tokens),
         "retrieval_p50_ms": percentile(score.retrieval_ms, 0.5),
         "retrieval_p95_ms": percentile(score.retrieval_ms, 0.95),
+        "overhead_p50_ms": percentile(score.overhead_ms, 0.5),
+        "overhead_p95_ms": percentile(score.overhead_ms, 0.95),
     }
     for part, values in score.parts_ms.items():
         row[f"{part}_p50_ms"] = percentile(values, 0.5)
@@ -270,6 +287,10 @@ def report(name: str, score: Score) -> dict[str, Any]:
     print(f"{'':<22} retrieval asked for (tokens: questions): {row['allowances']}")
     shares = ", ".join(f"{name} {statistics.fmean(v):.0f}" for name, v in score.shares.items() if v)
     print(f"{'':<22} mean per question: {shares}")
+    print(
+        f"{'':<22} gateway overhead per question (everything but the upstream) p50 "
+        f"{row['overhead_p50_ms']:.1f} ms p95 {row['overhead_p95_ms']:.1f} ms"
+    )
     if score.parts_ms:
         parts = ", ".join(
             f"{part} {row[f'{part}_p50_ms']:.1f}/{row[f'{part}_p95_ms']:.1f}" for part in score.parts_ms
@@ -287,6 +308,9 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=0, help="only the first N (0: all)")
     parser.add_argument("--window-only", action="store_true", help="also measure without retrieval")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument(
+        "--dump", type=Path, help="write every question's evidence, what was found and the retrieval report"
+    )
     parser.add_argument(
         "--keep",
         type=Path,
@@ -348,6 +372,11 @@ def main() -> None:
                         clock.now = sample.turns[-1][3] + timedelta(minutes=5)
                         ask(http, fake, sample, histories[sample.sample_id], score)
                 rows.append(report(name, score))
+                if args.dump:
+                    dumped = args.dump.with_name(
+                        f"{args.dump.stem}-{name.replace(' ', '-')}{args.dump.suffix}"
+                    )
+                    dumped.write_text(json.dumps(score.questions, indent=1))
             asyncio.run(deps.aclose())  # the app's lifespan did not build these deps, so it leaves them
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
