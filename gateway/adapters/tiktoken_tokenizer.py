@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -64,8 +65,16 @@ def encoding_name(model: str) -> str:
     return name if name in AVAILABLE else FALLBACK_ENCODING
 
 
-_CACHE_MIN_CHARS = 512  # long texts recur on every call (system prompts, pasted documents)
-_CACHE_SIZE = 2048
+# A long text is counted line by line, and the lines' counts are kept: the same lines recur request after
+# request (system prompts, pasted documents, the old messages retrieval shows again). This is exact: a line
+# break followed by a letter, a digit or one of `[#…<` always ends a chunk of the encodings' pre-tokenizer
+# (for o200k_base and cl100k_base no chunk pattern runs on past a newline into those characters; "/" and
+# whitespace may follow a newline inside a chunk, so no split is made before them), and BPE never merges
+# across chunks. tests/test_tokenizer.py checks the sums against whole counts on generated texts.
+_LINE_BREAK = re.compile(r"\n(?=[^\W_]|[\[#…<])")
+_SPLIT_MIN_CHARS = 256  # shorter texts are counted whole
+_CACHE_MIN_CHARS = 48  # shorter lines are counted again: cheaper than keeping them
+_CACHE_CHARS = 8_000_000  # the cached lines' total length, least recently used dropped first
 _MAX_MODEL_NAMES = 1024
 
 
@@ -74,7 +83,8 @@ class TiktokenTokenizer:
 
     def __init__(self, encoding: tiktoken.Encoding) -> None:
         self._encoding = encoding
-        self._cache: OrderedDict[str, int] = OrderedDict()
+        self._cache: OrderedDict[str, int] = OrderedDict()  # line -> tokens
+        self._cached_chars = 0
 
     @classmethod
     def for_model(cls, model: str) -> TiktokenTokenizer:
@@ -85,15 +95,28 @@ class TiktokenTokenizer:
         return self._encoding.name
 
     def count(self, text: str) -> int:
-        if len(text) < _CACHE_MIN_CHARS:
+        if len(text) < _SPLIT_MIN_CHARS:
             return len(self._encoding.encode_ordinary(text))
-        cached = self._cache.get(text)
+        total = start = 0
+        for match in _LINE_BREAK.finditer(text):
+            total += self._line(text[start : match.end()])
+            start = match.end()
+        return total + self._line(text[start:])
+
+    def _line(self, line: str) -> int:
+        if len(line) < _CACHE_MIN_CHARS:
+            return len(self._encoding.encode_ordinary(line))
+        cached = self._cache.get(line)
         if cached is not None:
-            self._cache.move_to_end(text)
+            self._cache.move_to_end(line)
             return cached
-        count = self._cache[text] = len(self._encoding.encode_ordinary(text))
-        if len(self._cache) > _CACHE_SIZE:
-            self._cache.popitem(last=False)
+        count = len(self._encoding.encode_ordinary(line))
+        if len(line) <= _CACHE_CHARS // 8:  # one huge line never flushes the rest
+            self._cache[line] = count
+            self._cached_chars += len(line)
+            while self._cached_chars > _CACHE_CHARS:
+                dropped, _ = self._cache.popitem(last=False)
+                self._cached_chars -= len(dropped)
         return count
 
     def count_message(self, message: object) -> int:

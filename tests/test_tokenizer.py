@@ -1,0 +1,62 @@
+"""Token counts of long texts are summed line by line (with the lines' counts kept): the sums must equal
+tiktoken's own count of the whole text, for both bundled encodings, on texts made to stress the joins."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.adapters import tiktoken_tokenizer
+from gateway.adapters.tiktoken_tokenizer import AVAILABLE, TiktokenTokenizer, load_encoding
+
+# Pieces that meet at line breaks in every way the pre-tokenizer treats differently: punctuation that
+# swallows the newline after it (".\n"), "/" that continues a chunk past a newline, contractions,
+# combining marks, CJK, emoji, runs of newlines and spaces, carriage returns.
+PIECES = [
+    "\n", "\n\n", "\r\n", "  \n", ".\n", "\n/", "\nA", "\n1", "\n[", "\n#", "\n…", "\n<", "\né", "\n字",
+    "\n\u0301", "\u0301", "'s", "'ll", " the", "http://x.y/z", "```", "\t", "🙂", "ǅ", "ʰ", "…", "—",
+    "user: ", "assistant: ", "[2023-05-08 13:56]", "port 8443", "E1234.", "a", "Z", "0", ".", ",", "!", "?",
+    "(", ")", "<", ">", "/", "\\", "-", "_", '"', " ",
+]  # fmt: skip
+
+
+def generated(rng: random.Random) -> str:
+    return "".join(rng.choice(PIECES) for _ in range(rng.randint(60, 400)))
+
+
+@pytest.mark.parametrize("name", AVAILABLE)
+def test_line_by_line_counts_equal_whole_counts(name: str) -> None:
+    encoding = load_encoding(name)
+    tokenizer = TiktokenTokenizer(encoding)
+    rng = random.Random(20261130)
+    texts = [generated(rng) for _ in range(3000)]
+    # Long enough to be split, with lines long enough to be cached; each text counted twice (cold, cached).
+    texts = [t for t in texts if len(t) >= 256]
+    assert len(texts) > 1000
+    for text in texts + texts:
+        assert tokenizer.count(text) == len(encoding.encode_ordinary(text)), repr(text)
+
+
+def test_retrieved_lines_are_counted_once_and_the_cache_stays_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tiktoken_tokenizer, "_CACHE_CHARS", 4_000)
+    encoding = load_encoding("o200k_base")
+    tokenizer = TiktokenTokenizer(encoding)
+    lines = [
+        f"user: message number {i} says the nightly job on host {i} failed with E{i:04d}." for i in range(200)
+    ]
+    block = "## Retrieved\n" + "\n".join(lines[:20])
+    assert tokenizer.count(block) == len(encoding.encode_ordinary(block))
+    cached = len(tokenizer._cache)
+    assert cached >= 19  # every long line is kept...
+    assert tokenizer.count("<ctx>\n" + block + "\n</ctx>") == len(
+        encoding.encode_ordinary("<ctx>\n" + block + "\n</ctx>")
+    )
+    whole = "\n".join(lines)
+    assert tokenizer.count(whole) == len(encoding.encode_ordinary(whole))
+    # ...within the character bound, oldest dropped first.
+    assert tokenizer._cached_chars <= 4_000
+    assert sum(len(line) for line in tokenizer._cache) == tokenizer._cached_chars
+    assert lines[0] + "\n" not in tokenizer._cache and lines[-1] in tokenizer._cache
