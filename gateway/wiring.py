@@ -16,6 +16,7 @@ from gateway.jobs.embed import EMBED, EmbedHandler, IndexTarget
 from gateway.jobs.worker import JobHandler, WorkerPool
 from gateway.metrics import Counters
 from gateway.pipeline.context.builder import ContextBuilder
+from gateway.pipeline.context.prefetch import QuestionPrefetch
 from gateway.pipeline.context.retrieval import RetrievalSection
 from gateway.pipeline.context.section import Section
 from gateway.pipeline.context.summary import SummarySection
@@ -130,6 +131,9 @@ def build_pipeline(
     coverage = context.budget_tokens if context.enabled else 0
     prepare: list[PrepareStep] = [IngestStep(store, tokenizers, tenant.identity, coverage)]
     policy = None
+    if context.enabled and index is not None:
+        # The question is embedded while the request is stored: the retrieval section picks it up.
+        prepare.insert(0, QuestionPrefetch(index.embedder, context.budget_tokens))
     if context.enabled:
         # Priority order: the summary, then retrieved history (which asks for more room when the
         # question is about the past); the recent window is built in.

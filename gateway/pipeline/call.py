@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -17,6 +18,14 @@ class HistoryItem:
     message: JSONObject
     tokens: int | None  # None: an old stored message whose count was not read (beyond the budget)
     node_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionVector:
+    """The question's embedding, started as the request arrived (context/prefetch.py)."""
+
+    text: str
+    future: asyncio.Future[list[float]]
 
 
 @dataclass(slots=True)
@@ -37,6 +46,7 @@ class CallState:
     explicit: bool = False
     thin: bool = False
     report: JSONObject | None = None
+    question: QuestionVector | None = None
     original_tokens: int | None = None
     sent_tokens: int | None = None
 

@@ -22,7 +22,7 @@ import anyio
 
 from gateway.config import RetrievalConfig
 from gateway.errors import EmbeddingError, StoreError
-from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.call import HistoryItem, QuestionVector
 from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term, exact_terms
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.text import message_text
@@ -155,7 +155,7 @@ class RetrievalSection:
                 max_depth=None,
             )
         try:
-            result, found.other, embed_seconds = await self._search(query, other)
+            result, found.other, embed_seconds = await self._search(query, other, state.question)
         except StoreError:
             found.detail["skipped"] = "index unavailable"
             return found
@@ -193,12 +193,14 @@ class RetrievalSection:
                 "best_similarity": round(found.best_similarity, 3),
                 "about_past": facts.about_past,
                 "terms": list(found.matched_terms),
+                # The question's vector was begun as the request arrived (context/prefetch.py).
+                "embedded_early": state.question is not None and state.question.text == question,
             }
         )
         if time_range is not None:
             found.detail["time_range"] = time_range.phrase
         found.timings = {
-            "embed": embed_seconds,  # the keyword search runs meanwhile
+            "embed": embed_seconds,  # waiting for the question's vector; the keyword search runs meanwhile
             "search": searched - started - embed_seconds,
             "rank": time.perf_counter() - searched,
         }
@@ -247,11 +249,12 @@ class RetrievalSection:
         )
 
     async def _search(
-        self, query: SearchQuery, other: SearchQuery | None
+        self, query: SearchQuery, other: SearchQuery | None, early: QuestionVector | None = None
     ) -> tuple[SearchResult, SearchResult | None, float]:
         """Both rankings for this conversation (and the user's others): the keyword searches start at
-        once, the semantic ones as soon as the question is embedded; meanwhile the index prepares the
-        conversation's semantic search. Returns the embedding's seconds too."""
+        once, the semantic ones as soon as the question is embedded (usually begun as the request
+        arrived: `early`); meanwhile the index prepares the conversation's semantic search. Returns the
+        seconds spent waiting for the embedding too."""
         queries = [query] if other is None else [query, other]
         keyword: list[SearchResult | None] = [None] * len(queries)
         semantic: list[SearchResult | None] = [None] * len(queries)
@@ -267,7 +270,7 @@ class RetrievalSection:
         async def by_meaning() -> None:
             nonlocal embed_seconds
             started = time.perf_counter()
-            vector = await self._embed(query.text)
+            vector = await self._embed(query.text, early)
             embed_seconds = time.perf_counter() - started
             if vector is None:
                 return
@@ -328,10 +331,12 @@ class RetrievalSection:
                 out.append(group)
         return out
 
-    async def _embed(self, question: str) -> list[float] | None:
+    async def _embed(self, question: str, early: QuestionVector | None) -> list[float] | None:
         if self.embedder is None:
             return None
         try:
+            if early is not None and early.text == question:
+                return await early.future
             return await self.embedder.embed_query(question)
         except EmbeddingError:
             return None  # keyword search still works

@@ -1,0 +1,54 @@
+"""Prefetch step: start embedding the question as soon as the request arrives.
+
+The question's embedding is the only model call on the request path and the largest part of the
+retrieval section's time. It needs nothing but the request, so it runs (in the embedder's worker
+thread) while the conversation is identified and stored, and the retrieval section picks it up
+(`CallState.question`). A request that can hold no more tokens than its budget (a token is at least one
+byte, so a body smaller than the budget fits) and names no stored conversation is sent unchanged:
+nothing would be retrieved for it, and nothing is embedded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from gateway.pipeline.call import ChatCall, QuestionVector
+from gateway.pipeline.identify import explicit_identity
+from gateway.pipeline.text import message_text
+from gateway.ports import ChatPayload, Embedder, JSONObject
+
+
+@dataclass(slots=True)
+class QuestionPrefetch:
+    embedder: Embedder
+    budget_tokens: int  # the tenant's input budget: the model's window can only lower it
+
+    async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
+        body = payload.data
+        if len(call.raw) <= self.budget_tokens:
+            ident = explicit_identity(call.headers, body)
+            if not ident.thin_capable and ident.parent_id is None:
+                return payload  # the whole history is here and fits: the request goes out unchanged
+        question = last_question(body)
+        if question.strip():
+            future = asyncio.ensure_future(self.embedder.embed_query(question))
+            future.add_done_callback(_consume)
+            call.state.question = QuestionVector(question, future)
+        return payload
+
+
+def last_question(body: JSONObject) -> str:
+    """The text of the request's last user message: the current exchange's question."""
+    messages = body.get("messages")
+    for message in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return message_text(message)
+    return ""
+
+
+def _consume(future: asyncio.Future[list[float]]) -> None:
+    """A failure nobody awaited (the request fitted its budget after all) is not logged as unretrieved;
+    the retrieval section reports its own."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,101 @@
+"""The question is embedded as the request arrives, and only when retrieval can follow: the step with the
+shipped hashing embedder, then end to end through the real gateway and the real local embedder."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.errors import EmbeddingError
+from gateway.fakes.embedder import HashingEmbedder
+from gateway.pipeline.call import ChatCall
+from gateway.pipeline.context.prefetch import QuestionPrefetch
+from gateway.ports import ChatPayload
+from tests.conftest import Gateway, Upstream, api, wait_for_jobs
+from tests.test_retrieval import filler, gateway_with, injected
+
+QUESTION = "Which port did we pick for the staging proxy?"
+
+
+def prefetched(body: dict[str, Any], headers: list[tuple[str, str]], embedder: HashingEmbedder) -> Any:
+    """Run the step on one request; the call's early vector (None when nothing was started), awaited."""
+
+    async def main() -> Any:
+        raw = orjson.dumps(body)
+        call = ChatCall("req-1", "acme", body, raw, headers, 0.0)
+        await QuestionPrefetch(embedder, budget_tokens=400)(call, ChatPayload(body, raw))
+        if call.state.question is None:
+            return None
+        return call.state.question.text, await call.state.question.future
+
+    return asyncio.run(main())
+
+
+def test_a_request_that_fits_its_budget_embeds_nothing() -> None:
+    embedder = HashingEmbedder()
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": QUESTION}]}
+    assert prefetched(body, [], embedder) is None
+    assert embedder.calls == []
+
+
+def test_a_long_history_has_its_last_question_embedded_early() -> None:
+    embedder = HashingEmbedder()
+    # The agent loop after the question (a tool call and its result) is not the question.
+    messages = [
+        *filler(10),
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "ports", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "8443"},
+    ]  # fmt: skip
+    text, vector = prefetched({"model": "gpt-4o", "messages": messages}, [], embedder)
+    assert text == QUESTION
+    assert vector == embedder.vector(QUESTION)
+    assert embedder.calls == [[QUESTION]]
+
+
+def test_a_short_request_naming_a_stored_conversation_is_embedded_early() -> None:
+    """A thin client sends one message; its history is in the store, so retrieval may follow."""
+    embedder = HashingEmbedder()
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": QUESTION}]}
+    for header in ("X-Conversation-Id", "X-Parent-Message-Id"):
+        text, _ = prefetched(body, [(header, "c-1")], embedder)
+        assert text == QUESTION
+
+
+def test_a_failed_early_embedding_reaches_whoever_awaits_it() -> None:
+    embedder = HashingEmbedder()
+    embedder.fail = True
+    body = {"model": "gpt-4o", "messages": [*filler(10), {"role": "user", "content": QUESTION}]}
+    with pytest.raises(EmbeddingError):
+        prefetched(body, [], embedder)
+
+
+def test_retrieval_uses_the_vector_begun_as_the_request_arrived(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = gateway_with(make_gateway, upstream)
+    client = gateway.client()
+    thin = {"X-Conversation-Id": "pets-2"}
+    client.chat.completions.create(
+        model="gpt-4o",
+        messages=[
+            {"role": "user", "content": "We adopted a kitten from the shelter and called her Biscuit."}
+        ],
+        extra_headers=thin,
+    )
+    for exchange in range(12):
+        client.chat.completions.create(model="gpt-4o", messages=[filler(1, exchange)[0]], extra_headers=thin)
+    wait_for_jobs(gateway)
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "What name did we give the animal we took home?"}],
+        extra_headers=thin,
+    )
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    assert report["sections"]["retrieval"]["embedded_early"] is True
+    assert "Biscuit" in injected(upstream)  # found by meaning: the early vector is the question's
