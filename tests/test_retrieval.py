@@ -121,12 +121,15 @@ def test_a_paraphrase_is_found_by_meaning(upstream: Upstream, make_gateway: Call
         turn = filler(1, exchange)[0]
         client.chat.completions.create(model="gpt-4o", messages=[turn], extra_headers=thin)
     wait_for_jobs(gateway)
-    client.chat.completions.create(
+    raw = client.chat.completions.with_raw_response.create(
         model="gpt-4o",
         messages=[{"role": "user", "content": "What name did we give the animal we took home?"}],
         extra_headers=thin,
     )
     assert "Biscuit" in injected(upstream)
+    # The question's vector was begun as the request arrived (context/prefetch.py) and was the one used.
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    assert report["sections"]["retrieval"]["embedded_early"] is True
 
 
 def test_a_retrieved_group_never_splits_a_tool_exchange(
