@@ -335,7 +335,7 @@ class RetrievalSection:
         if self.embedder is None:
             return None
         try:
-            if early is not None and early.text == question:
+            if early is not None and early.text == question and not early.future.cancelled():
                 return await early.future
             return await self.embedder.embed_query(question)
         except EmbeddingError:
