@@ -7,7 +7,7 @@ categories 1-4 as a branch at the end of the conversation, once per budget, and 
 actually forwarded to the (fake) upstream: the share of each question's evidence turns present verbatim.
 Also prints retrieval latency (the retrieval section's own time per request, from its ContextReport),
 the gateway's whole time per question (its `x-gateway-overhead-ms` header) and tokens sent.
-`--dump FILE` writes each question's evidence, what was found and the retrieval report.
+`--dump FILE` writes each question's evidence, what was found and the retrieval report (per variant).
 
     python benchmarks/locomo.py [--data ../shared/locomo/locomo-dev.json] [--budgets 2000,4000,8000]
 
@@ -309,7 +309,10 @@ def main() -> None:
     parser.add_argument("--window-only", action="store_true", help="also measure without retrieval")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     parser.add_argument(
-        "--dump", type=Path, help="write every question's evidence, what was found and the retrieval report"
+        "--dump",
+        type=Path,
+        help="write every question's evidence, what was found and the retrieval report, one file per variant "
+        "(q.json -> q-budget-4000.json)",
     )
     parser.add_argument(
         "--keep",
