@@ -156,6 +156,8 @@ class RetrievalConfig(_Frozen):
     neighbours: int = Field(default=1, ge=0)
     candidates: int = Field(default=120, ge=1)
     other_conversations: bool = False
+    # Messages one embed job indexes (three texts each); a longer stretch becomes several jobs.
+    index_batch_messages: int = Field(default=64, ge=1)
 
 
 class TenantConfig(_Frozen):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import anyio
 
 from gateway.config import GatewayConfig
-from gateway.pipeline.persist import compact_job
+from gateway.records import compact_job
 from gateway.wiring import build_deps
 
 

@@ -172,6 +172,11 @@ class JobQueue(Protocol):
         """Jobs per status (queued, running, done, failed)."""
         ...
 
+    async def pending(self, kind: str, key_prefix: str, tenant: str | None = None) -> list[JSONObject]:
+        """Payloads of the queued and running jobs of `kind` whose key starts with `key_prefix` (e.g. one
+        conversation's indexing backlog)."""
+        ...
+
     async def prune(self, done_for_seconds: float) -> int:
         """Delete jobs done longer ago than that; failed jobs stay for inspection. Returns how many."""
         ...
@@ -223,7 +228,10 @@ class VectorIndex(Protocol):
     them) and `set_vectors` fills them in later. Both are idempotent (keyed by `IndexRow.id`).
     """
 
-    async def add(self, rows: Sequence[IndexRow]) -> None: ...
+    async def add(self, rows: Sequence[IndexRow]) -> None:
+        """Insert rows not held yet; a row held without a vector gets the one given now. A vector already
+        set is never changed, so adding the same rows again is harmless."""
+        ...
 
     async def set_vectors(self, tenant: str, vectors: dict[str, list[float]]) -> None:
         """Fill in the vectors of rows already added (row id -> vector)."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gateway.ports import JSONObject
+from gateway.ports import JSON, JSONObject
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,95 @@ class NewJob:
     payload: JSONObject
     key: str | None = None  # dedupe: not enqueued again while a job with this kind and key is pending
     delay_seconds: float = 0.0
+
+
+# -- job descriptions: what each kind's payload holds (the pipeline enqueues them, handlers read them) --
+
+COMPACT = "compact"
+EMBED = "embed"
+
+
+def compaction_job_key(conversation_id: str) -> str:
+    """One pending compaction per conversation: it folds up to the newest answer when it runs."""
+    return f"{COMPACT}:{conversation_id}"
+
+
+def compact_job(
+    tenant: str, conversation_id: str, leaf_id: str, model: JSON, *, force: bool = False
+) -> NewJob:
+    """Summarise the conversation up to `leaf_id` with `model`; `force`: whatever the threshold says."""
+    payload: JSONObject = {"conversation_id": conversation_id, "leaf_id": leaf_id, "model": model}
+    if force:
+        payload["force"] = True
+    return NewJob(COMPACT, tenant, payload, key=compaction_job_key(conversation_id))
+
+
+EMBED_MODES = ("all", "texts", "vectors")
+
+
+def embed_key_prefix(conversation_id: str) -> str:
+    """What every pending embed job of one conversation's key starts with (its indexing backlog)."""
+    return f"{EMBED}:{conversation_id}:"
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedWork:
+    """An embed job: index the `count` newest messages of the path ending at `leaf_id`.
+
+    `mode` "all" writes texts and vectors; "texts" writes only texts (a large stretch is made findable by
+    keyword first); "vectors" embeds a stretch whose texts were written already. Large stretches are
+    split by the handler into bounded jobs of these kinds, newest messages first.
+    """
+
+    conversation_id: str | None  # None: jobs queued before the field existed (read from the path)
+    leaf_id: str
+    count: int
+    mode: str = "all"
+
+    def job(self, tenant: str) -> NewJob:
+        payload: JSONObject = {"leaf_id": self.leaf_id, "count": self.count, "mode": self.mode}
+        if self.conversation_id is not None:
+            payload["conversation_id"] = self.conversation_id
+        prefix = embed_key_prefix(self.conversation_id) if self.conversation_id else f"{EMBED}:"
+        return NewJob(EMBED, tenant, payload, key=f"{prefix}{self.mode}:{self.leaf_id}")
+
+    @classmethod
+    def parse(cls, payload: JSONObject) -> EmbedWork | None:
+        """The work a payload describes, or None when it is malformed (nothing to do)."""
+        leaf_id, count = payload.get("leaf_id"), payload.get("count")
+        mode, conversation_id = payload.get("mode", "all"), payload.get("conversation_id")
+        if not isinstance(leaf_id, str) or not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            return None
+        if mode not in EMBED_MODES or not isinstance(conversation_id, str | None):
+            return None
+        return cls(conversation_id, leaf_id, count, str(mode))
+
+
+@dataclass(frozen=True, slots=True)
+class IndexBacklog:
+    """Messages of a conversation still waiting for the index: without any row yet (`unsearchable`, not
+    even found by keyword) and without vectors (`unembedded`, not found by meaning). Derived from the
+    pending embed jobs, so it is exact whichever replica runs them."""
+
+    unsearchable: int = 0
+    unembedded: int = 0
+
+    @classmethod
+    def of(cls, pending: Sequence[JSONObject]) -> IndexBacklog:
+        unsearchable = unembedded = 0
+        for payload in pending:
+            work = EmbedWork.parse(payload)
+            if work is None:
+                continue
+            # A "texts" job's messages are also in the "vectors" job that will follow them.
+            if work.mode != "texts":
+                unembedded += work.count
+            if work.mode != "vectors":
+                unsearchable += work.count
+        return cls(unsearchable, unembedded)
+
+    def __bool__(self) -> bool:
+        return bool(self.unsearchable or self.unembedded)
 
 
 @dataclass(frozen=True, slots=True)

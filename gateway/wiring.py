@@ -12,20 +12,22 @@ from gateway.adapters.sql.tables import utcnow
 from gateway.config import GatewayConfig, TenantConfig
 from gateway.errors import StoreError
 from gateway.jobs.compact import CompactHandler, CompactionTarget
-from gateway.jobs.embed import EMBED, EmbedHandler, IndexTarget
+from gateway.jobs.embed import EmbedHandler, IndexTarget
 from gateway.jobs.worker import JobHandler, WorkerPool
 from gateway.metrics import Counters
+from gateway.pipeline.compaction import CompactionPolicy
 from gateway.pipeline.context.builder import ContextBuilder
 from gateway.pipeline.context.prefetch import QuestionPrefetch
 from gateway.pipeline.context.retrieval import RetrievalSection
 from gateway.pipeline.context.section import Section
 from gateway.pipeline.context.summary import SummarySection
 from gateway.pipeline.ingest import IngestStep
-from gateway.pipeline.persist import COMPACT, CompactionPolicy, PersistStep
+from gateway.pipeline.persist import PersistStep
 from gateway.pipeline.steps import ChatPipeline, CompleteStep, PrepareStep
 from gateway.ports import (
     Embedder,
     JobQueue,
+    JSONObject,
     MessageStore,
     ModelCatalog,
     SummaryStore,
@@ -33,6 +35,7 @@ from gateway.ports import (
     Upstream,
     VectorIndex,
 )
+from gateway.records import COMPACT, EMBED, Conversation, IndexBacklog, embed_key_prefix
 from gateway.tenants import Tenant, TenantRegistry
 
 log = logging.getLogger(__name__)
@@ -74,6 +77,37 @@ class Deps:
         except StoreError:
             log.warning("cannot count jobs", exc_info=True)
             return None
+
+    async def index_progress(self, conversation: Conversation) -> JSONObject | None:
+        """How far the index has got with a conversation: messages stored, searchable (by keyword at
+        least) and embedded; None when its tenant has no retrieval."""
+        if conversation.tenant not in self.indexes:
+            return None
+        pending = await self.jobs.pending(EMBED, embed_key_prefix(conversation.id), conversation.tenant)
+        backlog = IndexBacklog.of(pending)
+        total = conversation.message_count
+        return {
+            "messages": total,
+            "searchable": max(total - backlog.unsearchable, 0),
+            "embedded": max(total - backlog.unembedded, 0),
+            "complete": not backlog,
+        }
+
+    async def indexing(self) -> JSONObject | None:
+        """The whole index backlog for `/healthz`: conversations being indexed and their messages left;
+        None when the database cannot say."""
+        try:
+            pending = await self.jobs.pending(EMBED, f"{EMBED}:")
+        except StoreError:
+            log.warning("cannot read the index backlog", exc_info=True)
+            return None
+        backlog = IndexBacklog.of(pending)
+        conversations = {p.get("conversation_id") for p in pending} - {None}
+        return {
+            "conversations": len(conversations),
+            "unsearchable": backlog.unsearchable,
+            "unembedded": backlog.unembedded,
+        }
 
     async def aclose(self) -> None:
         await self.workers.stop()
@@ -124,6 +158,7 @@ def build_pipeline(
     counters: Counters,
     index: IndexTarget | None = None,
     clock: Callable[[], datetime] = utcnow,
+    jobs: JobQueue | None = None,
 ) -> ChatPipeline:
     if not tenant.store_conversations:
         return ChatPipeline(counters)  # a pure proxy: nothing stored, nothing rewritten
@@ -139,7 +174,9 @@ def build_pipeline(
         # question is about the past); the recent window is built in.
         sections: list[Section] = [SummarySection(summaries, tenant.compaction.summary_tokens)]
         if index is not None:
-            sections.append(RetrievalSection(index.index, index.embedder, store, tenant.retrieval, clock))
+            sections.append(
+                RetrievalSection(index.index, index.embedder, store, tenant.retrieval, clock, jobs)
+            )
         prepare.append(ContextBuilder(context, tokenizers, catalog, sections))
     if compacts(tenant):
         policy = CompactionPolicy.for_tenant(context, tenant.compaction)
@@ -193,7 +230,7 @@ def build_indexes(
                 embedder.dimensions,
                 cache_rows=config.storage.vector_cache_mb * 2**20 // (4 * embedder.dimensions),
             )
-        targets[tenant.name] = IndexTarget(embedder, indexes[table])
+        targets[tenant.name] = IndexTarget(embedder, indexes[table], tenant.retrieval.index_batch_messages)
     return targets
 
 
@@ -227,7 +264,9 @@ def build_deps(
             t.name,
             t,
             upstreams[t.name],
-            build_pipeline(t, store, summaries, tokenizers, catalog, counters, indexes.get(t.name), clock),
+            build_pipeline(
+                t, store, summaries, tokenizers, catalog, counters, indexes.get(t.name), clock, sql.jobs
+            ),
         )
         for t in config.tenants
     )
@@ -242,7 +281,7 @@ def build_deps(
     }
     all_handlers: dict[str, JobHandler] = {
         COMPACT: CompactHandler(store, summaries, tokenizers, targets.get),
-        EMBED: EmbedHandler(store, indexes.get),
+        EMBED: EmbedHandler(store, indexes.get, sql.jobs),
     }
     all_handlers.update(handlers or {})
     jobs = sql.jobs

@@ -28,7 +28,7 @@ from gateway.fakes.server import BackgroundServer
 from gateway.jobs.compact import CompactHandler, CompactionTarget
 from gateway.jobs.prompts import CONDENSE_MARKER
 from gateway.pipeline.canonical import chain_hashes, root_hash
-from gateway.pipeline.persist import CompactionPolicy
+from gateway.pipeline.compaction import CompactionPolicy
 from gateway.records import AppendRequest, Job, NewMessage
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
 

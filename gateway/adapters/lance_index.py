@@ -373,12 +373,16 @@ class LanceIndex:
             return
         data = await anyio.to_thread.run_sync(_rows_table, rows, self._schema, self.dimensions)
 
+        embedded = any(r.vector is not None for r in rows)
+
         async def insert(table: AsyncTable) -> int:
-            # Insert only the ids not there yet: a retried job re-adds the same rows without duplicates,
-            # and a vector already set is not reset to null.
-            merged = await (
-                table.merge_insert("id").when_not_matched_insert_all().execute(data, on_bad_vectors="null")
-            )
+            # Insert the ids not there yet: a retried job re-adds the same rows without duplicates, and a
+            # vector already set is never reset to null. Rows written earlier with their text alone get
+            # their vector now (a large stretch's texts go first; a failed embedder's retry).
+            builder = table.merge_insert("id").when_not_matched_insert_all()
+            if embedded:
+                builder = builder.when_matched_update_all(where="target.vector IS NULL")
+            merged = await builder.execute(data, on_bad_vectors="null")
             if not self._indexes_ready:
                 for column, config in _missing_indexes(await table.list_indices()).items():
                     await table.create_index(column, config=config)

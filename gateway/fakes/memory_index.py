@@ -59,8 +59,14 @@ class MemoryIndex:
 
     async def add(self, rows: Sequence[IndexRow]) -> None:
         for row in rows:
-            if row.id in self.rows:
-                continue  # insert-only, as the real index: a retried job changes nothing
+            held = self.rows.get(row.id)
+            if held is not None:
+                # As the real index: a retried job changes nothing, but a row held without its vector
+                # gets the one given now.
+                if held.unit is None and row.vector is not None:
+                    self._check(row.vector)
+                    held.row, held.unit = replace(held.row, vector=list(row.vector)), _unit(row.vector)
+                continue
             if row.vector is not None:
                 self._check(row.vector)
             tokens = _tokens(row.text)

@@ -1,7 +1,7 @@
 """REST API over what the gateway stored, scoped to the caller's tenant.
 
 GET /api/conversations                      newest first; ?limit=&offset=&user_id=
-GET /api/conversations/{id}                 one conversation
+GET /api/conversations/{id}                 one conversation, with its indexing progress
 GET /api/conversations/{id}/messages        the whole tree: every node with its parent and depth
 GET /api/conversations/{id}/path/{node_id}  root-to-node path: the history one branch sees
 GET /api/conversations/{id}/summaries       rolling summaries (global) and chunk summaries, deepest first
@@ -22,9 +22,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import InvalidRequest, NotFound
-from gateway.pipeline.persist import compact_job
 from gateway.pipeline.validate import parse_json_object
-from gateway.records import Conversation, StoredMessage
+from gateway.records import Conversation, StoredMessage, compact_job
 from gateway.tenants import Caller
 from gateway.wiring import Deps
 
@@ -82,7 +81,7 @@ async def get_conversation(request: Request) -> Response:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
     conversation = await _conversation(deps, caller, request)
-    return _json(asdict(conversation))
+    return _json({**asdict(conversation), "index": await deps.index_progress(conversation)})
 
 
 async def conversation_messages(request: Request) -> Response:

@@ -185,6 +185,7 @@ class Endpoints:
             "status": "ok",
             "counters": deps.counters.snapshot(),
             "jobs": await deps.job_counts(),
+            "indexing": await deps.indexing(),
             "workers": {"count": len(deps.workers.worker_ids), **deps.workers.stats.snapshot()},
         }
         return Response(orjson.dumps(body), media_type="application/json")

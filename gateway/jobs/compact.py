@@ -20,7 +20,7 @@ import orjson
 from gateway.config import CompactionConfig
 from gateway.errors import UpstreamError
 from gateway.jobs.prompts import chunk_request, condense_request, merge_request, render_message
-from gateway.pipeline.persist import CompactionPolicy
+from gateway.pipeline.compaction import CompactionPolicy
 from gateway.ports import ChatPayload, JSONObject, MessageStore, SummaryStore, Tokenizers, Upstream
 from gateway.records import Job, NewSummary, StoredMessage, StoredNode, Summary
 

@@ -1,10 +1,14 @@
-"""Embed job: index an exchange's new messages for retrieval (texts and vectors, one write).
+"""Embed job: index messages for retrieval, in three views each, texts and vectors.
 
 Each message is indexed in three views (itself; with its parent; with its parent and child) because a
-short reply ("yes, port 8443 then") carries its meaning in its neighbours. The views are embedded in one
-batch and written together. If the embedder fails, the texts are written alone, so the messages are
-findable by keyword until a retry adds the vectors. Writes are keyed by row id: a retry rewrites nothing
-twice. Until its job has run (normally within a second of the answer) a message is in the recent window.
+short reply ("yes, port 8443 then") carries its meaning in its neighbours. An exchange's views are
+embedded in one batch and written together. A large stretch (a long history arriving in one request, an
+import) is split into bounded jobs so none outlives its lease: its texts are written first, in chunks of
+`TEXT_CHUNK_MESSAGES` (the full-text index finds every message at once), then its vectors
+`IndexTarget.batch_messages` messages per job, newest first (what the next questions are most likely
+about). If the embedder fails, the texts are written alone, so the messages are findable by keyword until
+a retry adds the vectors. Writes are keyed by row id: a retry rewrites nothing twice. Until its job has
+run (normally within a second of the answer) a message is in the recent window.
 """
 
 from __future__ import annotations
@@ -15,18 +19,15 @@ from dataclasses import dataclass, replace
 
 from gateway.errors import EmbeddingError
 from gateway.pipeline.text import message_text
-from gateway.ports import Embedder, JSONObject, MessageStore, VectorIndex
-from gateway.records import IndexRow, Job, NewJob, StoredMessage
+from gateway.ports import Embedder, JobQueue, MessageStore, VectorIndex
+from gateway.records import EmbedWork, IndexRow, Job, StoredMessage
 
 log = logging.getLogger(__name__)
 
-EMBED = "embed"
-
-
-def embed_job(tenant: str, leaf_id: str, count: int) -> NewJob:
-    """Index the `count` newest messages of the path ending at `leaf_id`."""
-    payload: JSONObject = {"leaf_id": leaf_id, "count": count}
-    return NewJob(EMBED, tenant, payload, key=f"{EMBED}:{leaf_id}")
+# Messages whose texts one job writes (three rows each): one store read and one index write, about a
+# second on a 2-core machine (BENCHMARKS.md, "Bulk indexing").
+TEXT_CHUNK_MESSAGES = 2_000
+DEFAULT_BATCH_MESSAGES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class IndexTarget:
 
     embedder: Embedder
     index: VectorIndex
+    batch_messages: int = DEFAULT_BATCH_MESSAGES  # messages one job embeds (three texts each)
 
 
 def index_rows(tenant: str, user_id: str | None, path: Sequence[StoredMessage], count: int) -> list[IndexRow]:
@@ -75,33 +77,72 @@ def index_rows(tenant: str, user_id: str | None, path: Sequence[StoredMessage], 
 class EmbedHandler:
     store: MessageStore
     targets: Callable[[str], IndexTarget | None]  # tenant -> its index; None: retrieval is off
+    queue: JobQueue  # where the rest of a large stretch goes, as further bounded jobs
 
     async def __call__(self, job: Job) -> None:
         target = self.targets(job.tenant)
-        leaf_id, count = job.payload.get("leaf_id"), job.payload.get("count")
-        if target is None or not isinstance(leaf_id, str) or not isinstance(count, int) or count < 1:
+        work = EmbedWork.parse(job.payload)
+        if target is None or work is None:
             return
-        path = await self.store.path(job.tenant, leaf_id, newest_messages=count + 2)
-        if not path:
+        if work.mode == "texts":
+            await self._texts(job.tenant, target, work)
+            return
+        if work.mode == "all" and work.count > target.batch_messages:
+            # Too large for one job: every message findable by keyword first, then the vectors in batches.
+            await self._texts(job.tenant, target, replace(work, mode="texts"))
+            work = replace(work, mode="vectors")
+        count = min(work.count, target.batch_messages)
+        found = await self._read(job.tenant, work, count)
+        if found is None:
             return  # deleted meanwhile
-        conversation_id = path[-1].node.conversation_id
-        conversation = await self.store.get_conversation(job.tenant, conversation_id)
+        path, conversation_id, user_id = found
+        rows = index_rows(job.tenant, user_id, path, count)
+        if rows:
+            try:
+                vectors = await target.embedder.embed([r.text for r in rows])
+            except EmbeddingError:
+                if work.mode == "all":
+                    await target.index.add(rows)  # findable by keyword meanwhile; the retry adds vectors
+                raise
+            # One write per batch (each write is a new table version and fragment, see lance_index); it
+            # also fills in the vectors of rows whose texts were written first.
+            await target.index.add([replace(r, vector=v) for r, v in zip(rows, vectors, strict=True)])
+        if await self._deleted(job.tenant, target, conversation_id):
+            return
+        if work.count > count:
+            rest = EmbedWork(conversation_id, path[-count - 1].node.id, work.count - count, "vectors")
+            await self.queue.enqueue(rest.job(job.tenant))
+
+    async def _texts(self, tenant: str, target: IndexTarget, work: EmbedWork) -> None:
+        """Write the texts (no vectors) of the newest `TEXT_CHUNK_MESSAGES` of the stretch; queue the rest."""
+        count = min(work.count, TEXT_CHUNK_MESSAGES)
+        found = await self._read(tenant, work, count)
+        if found is None:
+            return
+        path, conversation_id, user_id = found
+        await target.index.add(index_rows(tenant, user_id, path, count))
+        if await self._deleted(tenant, target, conversation_id):
+            return
+        if work.count > count:
+            rest = EmbedWork(conversation_id, path[-count - 1].node.id, work.count - count, "texts")
+            await self.queue.enqueue(rest.job(tenant))
+
+    async def _read(
+        self, tenant: str, work: EmbedWork, count: int
+    ) -> tuple[list[StoredMessage], str, str | None] | None:
+        """The newest `count` messages of the stretch and the two before them (their views need them),
+        the conversation and its user; None when it was deleted."""
+        path = await self.store.path(tenant, work.leaf_id, newest_messages=count + 2)
+        if not path:
+            return None
+        conversation = await self.store.get_conversation(tenant, path[-1].node.conversation_id)
         if conversation is None:
-            return
-        rows = index_rows(job.tenant, conversation.user_id, path, count)
-        if not rows:
-            return
-        try:
-            vectors = await target.embedder.embed([r.text for r in rows])
-        except EmbeddingError:
-            # Findable by keyword meanwhile; the retry fills the vectors in.
-            await target.index.add(rows)
-            raise
-        embedded = [replace(r, vector=v) for r, v in zip(rows, vectors, strict=True)]
-        # One write per exchange: each write is a new table version and fragment (see lance_index).
-        await target.index.add(embedded)
-        if job.attempts > 1:  # an earlier attempt may have stored these rows without vectors
-            await target.index.set_vectors(job.tenant, {r.id: r.vector for r in embedded if r.vector})
-        if await self.store.get_conversation(job.tenant, conversation_id) is None:
-            # Deleted while this job ran: its delete may have missed the rows written just now.
-            await target.index.delete(job.tenant, conversation_id=conversation_id)
+            return None
+        return path, conversation.id, conversation.user_id
+
+    async def _deleted(self, tenant: str, target: IndexTarget, conversation_id: str) -> bool:
+        if await self.store.get_conversation(tenant, conversation_id) is not None:
+            return False
+        # Deleted while this job ran: its delete may have missed the rows written just now.
+        await target.index.delete(tenant, conversation_id=conversation_id)
+        return True

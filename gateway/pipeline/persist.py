@@ -10,53 +10,11 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gateway.config import CompactionConfig, ContextConfig
-from gateway.jobs.embed import embed_job
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.canonical import chain_hashes
-from gateway.ports import JSON, JSONObject, MessageStore, Tokenizers
-from gateway.records import AppendRequest, NewJob, NewMessage, RequestRecord
-
-COMPACT = "compact"
-
-
-def compaction_job_key(conversation_id: str) -> str:
-    """One pending compaction per conversation: it folds up to the newest answer when it runs."""
-    return f"{COMPACT}:{conversation_id}"
-
-
-def compact_job(
-    tenant: str, conversation_id: str, leaf_id: str, model: JSON, *, force: bool = False
-) -> NewJob:
-    """Summarise the conversation up to `leaf_id` with `model`; `force`: whatever the threshold says."""
-    payload: JSONObject = {"conversation_id": conversation_id, "leaf_id": leaf_id, "model": model}
-    if force:
-        payload["force"] = True
-    return NewJob(COMPACT, tenant, payload, key=compaction_job_key(conversation_id))
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionPolicy:
-    """When an answer makes a conversation worth compacting (design.md §5)."""
-
-    budget_tokens: int
-    recent_tokens: int
-    threshold_tokens: int
-
-    @classmethod
-    def for_tenant(cls, context: ContextConfig, compaction: CompactionConfig) -> CompactionPolicy:
-        """The window's share and the threshold scale down with a budget smaller than the allowances,
-        as the builder scales them, so a small budget still gets summaries."""
-        budget = context.budget_tokens
-        scale = min(1.0, budget / (context.recent_tokens + compaction.summary_tokens))
-        recent = int(context.recent_tokens * scale)
-        return cls(budget, recent, min(compaction.threshold_tokens, max(budget // 4, 1)))
-
-    def due(self, history_tokens: int, summary_path_tokens: int) -> bool:
-        # Only histories that (nearly) overflow the budget need a summary; a chat that fits is sent whole.
-        if history_tokens <= self.budget_tokens - self.threshold_tokens:
-            return False
-        return history_tokens - self.recent_tokens - summary_path_tokens > self.threshold_tokens
+from gateway.pipeline.compaction import CompactionPolicy
+from gateway.ports import JSONObject, MessageStore, Tokenizers
+from gateway.records import AppendRequest, EmbedWork, NewJob, NewMessage, RequestRecord, compact_job
 
 
 @dataclass(slots=True)
@@ -89,13 +47,13 @@ class PersistStep:
             if policy is not None and policy.due(new.path_tokens, state.summary_path_tokens):
                 jobs = (compact_job(call.tenant, state.conversation_id, new.id, model),)
             if self.index:
-                jobs += (embed_job(call.tenant, new.id, state.appended + 1),)
+                jobs += (EmbedWork(state.conversation_id, new.id, state.appended + 1).job(call.tenant),)
             answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (new,), jobs)
         elif (
             self.index and state.appended and state.leaf_id is not None and state.conversation_id is not None
         ):
             # No answer (the upstream failed): the question is indexed all the same, in the same transaction.
-            jobs = (embed_job(call.tenant, state.leaf_id, state.appended),)
+            jobs = (EmbedWork(state.conversation_id, state.leaf_id, state.appended).job(call.tenant),)
             answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (), jobs)
         record = RequestRecord(
             id=call.request_id,

@@ -171,6 +171,13 @@ class _Statements:
         self.counts: Select[Any] = select(_JOBS.c.status, func.count()).group_by(_JOBS.c.status)
         self.tenant_counts: Select[Any] = self.counts.where(_JOBS.c.tenant == bindparam("tenant"))
         self.get: Select[Any] = select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
+        # Few jobs are pending at a time: the status index finds them, the kind and key filter the rest.
+        self.pending: Select[Any] = select(_JOBS.c.payload).where(
+            _JOBS.c.status.in_(("queued", "running")),
+            _JOBS.c.kind == bindparam("kind"),
+            _JOBS.c.key.like(bindparam("pattern"), escape="\\"),
+        )
+        self.tenant_pending: Select[Any] = self.pending.where(_JOBS.c.tenant == bindparam("tenant"))
 
 
 _STATEMENTS = {"postgresql": _Statements(postgres=True), "sqlite": _Statements(postgres=False)}
@@ -305,6 +312,17 @@ class SqlJobQueue:
                     rows = connection.execute(self._statements.tenant_counts, {"tenant": tenant})
                 counts.update({row[0]: int(row[1]) for row in rows})
             return counts
+
+        return await self._run(run)
+
+    async def pending(self, kind: str, key_prefix: str, tenant: str | None = None) -> list[JSONObject]:
+        escaped = key_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        params = {"kind": kind, "pattern": escaped + "%", "tenant": tenant}
+        statement = self._statements.pending if tenant is None else self._statements.tenant_pending
+
+        def run() -> list[JSONObject]:
+            with self.engine.connect() as connection:
+                return [row[0] for row in connection.execute(statement, params)]
 
         return await self._run(run)
 

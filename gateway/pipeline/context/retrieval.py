@@ -26,8 +26,8 @@ from gateway.pipeline.call import HistoryItem, QuestionVector
 from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term, exact_terms
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.text import message_text
-from gateway.ports import Embedder, JSONObject, MessageStore, VectorIndex
-from gateway.records import IndexHit, SearchQuery, SearchResult
+from gateway.ports import Embedder, JobQueue, JSONObject, MessageStore, VectorIndex
+from gateway.records import EMBED, IndexBacklog, IndexHit, SearchQuery, SearchResult, embed_key_prefix
 
 RRF_K = 30  # measured on LoCoMo (benchmarks/locomo.py): 30 ranked a little better than the usual 60
 # A question that neither points at the past nor names an exact term gets history only when the best
@@ -88,6 +88,7 @@ class RetrievalSection:
     store: MessageStore
     config: RetrievalConfig
     clock: Callable[[], datetime]
+    jobs: JobQueue | None = None  # says how much of the conversation is still waiting for the index
     name: str = "retrieval"
     # (encoding, message id) -> tokens of the message's line, least recently used first.
     line_tokens: OrderedDict[tuple[str, str], int] = field(
@@ -154,11 +155,32 @@ class RetrievalSection:
                 exclude_conversation_id=state.conversation_id,
                 max_depth=None,
             )
-        try:
-            result, found.other, embed_seconds = await self._search(query, other, state.question)
-        except StoreError:
+        outcome: tuple[SearchResult, SearchResult | None, float] | None = None
+        backlog: IndexBacklog | None = None
+
+        async def search() -> None:
+            nonlocal outcome
+            with contextlib.suppress(StoreError):  # kept out of the task group's ExceptionGroup
+                outcome = await self._search(query, other, state.question)
+
+        async def read_backlog() -> None:
+            nonlocal backlog
+            backlog = await self._backlog(build.call.tenant, state.conversation_id)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(search)
+            group.start_soon(read_backlog)  # one small query, while the question is embedded
+        if outcome is None:
             found.detail["skipped"] = "index unavailable"
             return found
+        result, found.other, embed_seconds = outcome
+        if backlog:
+            # Searched while part of the conversation was still being indexed (a long history that
+            # arrived at once): those messages are in no ranking yet, or only in the keyword one.
+            found.detail["index_backlog"] = {
+                "unsearchable": backlog.unsearchable,
+                "unembedded": backlog.unembedded,
+            }
         searched = time.perf_counter()
         candidates = _fuse(result)
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
@@ -330,6 +352,14 @@ class RetrievalSection:
                 room -= group.tokens
                 out.append(group)
         return out
+
+    async def _backlog(self, tenant: str, conversation_id: str | None) -> IndexBacklog | None:
+        if self.jobs is None or conversation_id is None:
+            return None
+        try:
+            return IndexBacklog.of(await self.jobs.pending(EMBED, embed_key_prefix(conversation_id), tenant))
+        except StoreError:
+            return None  # only the report misses it
 
     async def _embed(self, question: str, early: QuestionVector | None) -> list[float] | None:
         if self.embedder is None:

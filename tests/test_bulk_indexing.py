@@ -1,0 +1,201 @@
+"""Bulk indexing: a long history that arrives in one request is indexed in bounded jobs, texts first,
+newest first, with its progress visible; first the embed handler over the real SQL store and queue (a
+shipped fake embedder and index, to see each job's work), then end to end through the real gateway with
+the real local embedder and LanceDB and a lease far shorter than the whole import takes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from gateway.adapters.sql.store import SqlStore
+from gateway.fakes.embedder import HashingEmbedder
+from gateway.fakes.memory_index import MemoryIndex
+from gateway.jobs.embed import TEXT_CHUNK_MESSAGES, EmbedHandler, IndexTarget
+from gateway.records import EMBED, AppendRequest, EmbedWork, IndexBacklog, NewMessage, embed_key_prefix
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
+
+
+def chain(count: int) -> list[NewMessage]:
+    messages: list[NewMessage] = []
+    for depth in range(count):
+        role = "user" if depth % 2 == 0 else "assistant"
+        text = f"message {depth} about topic{depth}"
+        parent = messages[-1].id if messages else None
+        messages.append(
+            NewMessage(f"{depth:032x}", parent, depth, role, {"role": role, "content": text}, 5, 0)
+        )
+    return messages
+
+
+def test_a_long_stretch_is_indexed_in_bounded_jobs_texts_first_newest_first(database_url: str) -> None:
+    async def scenario() -> None:
+        store = SqlStore.open(database_url)
+        try:
+            messages = chain(300)
+            conversation_id = await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
+            embedder, index = HashingEmbedder(16), MemoryIndex()
+            target = IndexTarget(embedder, index, batch_messages=50)
+            handler = EmbedHandler(store, {"acme": target}.get, store.jobs)
+            await store.jobs.enqueue(EmbedWork(conversation_id, messages[-1].id, 300).job("acme"))
+
+            async def backlog() -> IndexBacklog:
+                pending = await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme")
+                return IndexBacklog.of(pending)
+
+            assert await backlog() == IndexBacklog(unsearchable=300, unembedded=300)
+            embedded_depths: list[list[int]] = []
+            while jobs := await store.jobs.lease("w", [EMBED], 60):
+                job = jobs[0]
+                before = len(embedder.calls)
+                await handler(job)
+                assert await store.jobs.complete(job, "w")
+                # One bounded batch per job: at most 50 messages, three views each.
+                assert len(embedder.calls) == before + 1
+                assert len(embedder.calls[-1]) <= 150
+                embedded_depths.append(
+                    sorted({r.row.depth for r in index.rows.values() if r.unit is not None})
+                )
+                if len(embedded_depths) == 1:
+                    # After the first job every message is findable by keyword, the newest 50 by meaning.
+                    assert {r.row.node_id for r in index.rows.values()} == {m.id for m in messages}
+                    assert embedded_depths[0][0] >= 249
+                    assert await backlog() == IndexBacklog(unsearchable=0, unembedded=250)
+            assert len(embedded_depths) == 6  # 300 messages, 50 a job
+            # Newest first: each job reached further back than the one before.
+            assert [d[0] for d in embedded_depths] == sorted((d[0] for d in embedded_depths), reverse=True)
+            assert all(r.unit is not None for r in index.rows.values())
+            # Every message in every view it has: "m" for all, "p" and "w" from the second on.
+            views = {(r.row.node_id, r.row.view) for r in index.rows.values()}
+            assert len(views) == 300 + 299 + 299
+            assert not await backlog()
+            assert (await store.jobs.counts())["failed"] == 0
+        finally:
+            await store.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_texts_of_a_very_long_stretch_go_in_chunks_too(database_url: str) -> None:
+    async def scenario() -> None:
+        store = SqlStore.open(database_url)
+        try:
+            total = TEXT_CHUNK_MESSAGES + 30
+            messages = chain(total)
+            conversation_id = await store.append(AppendRequest("acme", None, None, None, tuple(messages)))
+            index = MemoryIndex()
+            handler = EmbedHandler(
+                store, {"acme": IndexTarget(HashingEmbedder(8), index, 500)}.get, store.jobs
+            )
+            await store.jobs.enqueue(EmbedWork(conversation_id, messages[-1].id, total).job("acme"))
+            job = (await store.jobs.lease("w", [EMBED], 60))[0]
+            await handler(job)
+            await store.jobs.complete(job, "w")
+            pending = await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme")
+            modes = sorted((p["mode"], p["count"]) for p in pending)
+            assert modes == [("texts", 30), ("vectors", total - 500)]
+            assert IndexBacklog.of(pending) == IndexBacklog(unsearchable=30, unembedded=total - 500)
+            alone = {r.row.node_id for r in index.rows.values() if r.row.view == "m"}
+            assert alone == {m.id for m in messages[-TEXT_CHUNK_MESSAGES:]}
+        finally:
+            await store.aclose()
+
+    asyncio.run(scenario())
+
+
+IDENTIFIERS = ["KX-4471-QZ", "billing_reconcile_v2.py", "ERR_LEDGER_0x5F3A"]
+
+
+def long_history(exchanges: int) -> list[dict[str, Any]]:
+    """A chat of `exchanges` exchanges; three exact identifiers are planted in the first 50 turns."""
+    topics = ["the garden", "a novel", "the weekend hike", "bread baking", "a podcast", "the football match"]
+    out: list[dict[str, Any]] = []
+    for i in range(exchanges):
+        topic = topics[i % len(topics)]
+        user = f"Turn {i}: tell me more about {topic}, please."
+        if i in (3, 11, 20):
+            user = f"Remember this for later: the reference is {IDENTIFIERS[(i > 3) + (i > 11)]}."
+        out.append({"role": "user", "content": user})
+        out.append({"role": "assistant", "content": f"Of course. On {topic}, here are a few thoughts ({i})."})
+    return out
+
+
+def conversation_index(gateway: Gateway, conversation_id: str) -> dict[str, Any]:
+    index: dict[str, Any] = api(gateway, f"/conversations/{conversation_id}")["index"]
+    return index
+
+
+def test_a_700_message_history_in_one_request_is_fully_indexed_under_a_short_lease(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway(
+        [
+            tenant(
+                "acme",
+                upstream.base_url,
+                api_keys=[GATEWAY_KEY],
+                context={"budget_tokens": 2_000},
+                compaction={"enabled": False},
+                retrieval={"index_batch_messages": 24},
+            )
+        ],
+        # Far shorter than indexing 700 messages takes here (tens of seconds): only bounded jobs finish.
+        jobs={"lease_seconds": 8, "max_attempts": 1},
+    )
+    client = gateway.client()
+    history = [*long_history(349), {"role": "user", "content": "Thanks, that was a lot."}]
+    assert len(history) == 699
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+    conversation_id = raw.headers["x-conversation-id"]
+    answer = raw.parse().choices[0].message.content
+
+    # Texts first: every message is findable by keyword long before the vectors are all there.
+    samples: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        samples.append(conversation_index(gateway, conversation_id))
+        if samples[-1]["searchable"] == samples[-1]["messages"]:
+            break
+        time.sleep(0.05)
+    partial = samples[-1]
+    assert partial["messages"] == 700 and partial["searchable"] == 700
+    assert partial["embedded"] < 700 and not partial["complete"]
+    health = httpx.get(f"{gateway.server.url}/healthz").json()
+    assert health["indexing"]["conversations"] == 1 and health["indexing"]["unembedded"] > 0
+
+    # Asked now, an identifier from turn 20 is found by keyword, and the report says the search ran over a
+    # partly indexed conversation.
+    history += [
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": f"What did I say about {IDENTIFIERS[2]}?"},
+    ]
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+    answer = raw.parse().choices[0].message.content
+    sent = "\n".join(str(m["content"]) for m in upstream.fake.last_chat().body["messages"][:-1])
+    assert f"the reference is {IDENTIFIERS[2]}" in sent
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    assert report["sections"]["retrieval"]["index_backlog"]["unembedded"] > 0
+
+    jobs = wait_for_jobs(gateway, timeout=300)
+    assert jobs["failed"] == 0  # no job was cancelled for its size (max_attempts 1: one timeout fails it)
+    health = httpx.get(f"{gateway.server.url}/healthz").json()
+    assert health["workers"]["retried"] == 0 and health["workers"]["failed"] == 0
+    assert health["indexing"] == {"conversations": 0, "unsearchable": 0, "unembedded": 0}
+    done = conversation_index(gateway, conversation_id)
+    assert done == {"messages": 702, "searchable": 702, "embedded": 702, "complete": True}
+    # Progress only ever went forward.
+    embedded = [s["embedded"] for s in samples]
+    assert embedded == sorted(embedded)
+
+    # Fully indexed: the identifier planted in turn 3 comes back, verbatim, in the turn it was said.
+    history += [
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": f"Remind me, where did {IDENTIFIERS[0]} come up?"},
+    ]
+    client.chat.completions.create(model="gpt-4o", messages=history)
+    sent = "\n".join(str(m["content"]) for m in upstream.fake.last_chat().body["messages"][:-1])
+    assert f"the reference is {IDENTIFIERS[0]}" in sent
