@@ -148,6 +148,43 @@ def test_exact_terms_rank_first_among_many_rows(
     run(scenario())
 
 
+CJK_ROWS = {
+    "z-port": "我们把端口改成8443了，因为防火墙只放行这个",
+    "z-timeout": "parse_config.py里的超时参数是30秒",
+    "z-pool": "数据库迁移到PostgreSQL 17之后连接池报错",
+    "z-cache": "缓存服务的端口号是6379",
+    "k-deploy": "지난주에 결제 서비스를 배포했어요",
+    "k-port": "포트는 8443으로 바꿨어요",
+    "k-lunch": "점심은 김치찌개를 먹었어요",
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("端口改成多少了", "z-port"),  # a run of Chinese characters holding the stored word
+        ("连接池", "z-pool"),
+        ("迁移到哪个数据库", "z-pool"),
+        ("parse_config.py的超时", "z-timeout"),  # an English identifier glued to Chinese text
+        ("缓存的端口号", "z-cache"),
+        ("배포", "k-deploy"),  # a Korean stem inside a word with its endings
+        ("결제 서비스", "k-deploy"),
+        ("김치찌개", "k-lunch"),
+    ],
+)
+def test_chinese_and_korean_terms_are_found_inside_longer_runs(
+    index: LanceIndex | MemoryIndex, text: str, expected: str
+) -> None:
+    async def scenario() -> None:
+        rows = corpus() + [row(node, t, depth=400 + i) for i, (node, t) in enumerate(CJK_ROWS.items())]
+        await index.add(rows)
+        result = await index.search(query(text))
+        assert result.keyword, text
+        assert result.keyword[0].node_id == expected
+
+    run(scenario())
+
+
 @pytest.mark.parametrize(
     "text",
     [

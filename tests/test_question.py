@@ -67,3 +67,42 @@ def test_terms_match_whole_tokens_only() -> None:
     assert not contains_term("released in 2010", "010")
     assert contains_term("see parse_config.py line 3", "parse_config.py")
     assert not contains_term("see parse_config.pyc", "parse_config.py")
+
+
+@pytest.mark.parametrize(
+    ("question", "since", "until"),
+    [
+        ("上周我们把端口改成什么了？", datetime(2026, 3, 9, tzinfo=UTC), datetime(2026, 3, 16, tzinfo=UTC)),
+        ("昨天说的那个版本号", datetime(2026, 3, 17, tzinfo=UTC), datetime(2026, 3, 18, tzinfo=UTC)),
+        ("3月的时候决定了什么", datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 4, 1, tzinfo=UTC)),
+        ("十二月的迁移计划", datetime(2025, 12, 1, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC)),
+        ("2024年3月发生了什么", datetime(2024, 3, 1, tzinfo=UTC), datetime(2024, 4, 1, tzinfo=UTC)),
+        ("两周前说过的方案", datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 3, 8, tzinfo=UTC)),
+        ("上个月的事故", datetime(2026, 2, 1, tzinfo=UTC), datetime(2026, 3, 1, tzinfo=UTC)),
+        ("지난주에 배포한 버전은?", datetime(2026, 3, 9, tzinfo=UTC), datetime(2026, 3, 16, tzinfo=UTC)),
+        ("어제 말했던 포트", datetime(2026, 3, 17, tzinfo=UTC), datetime(2026, 3, 18, tzinfo=UTC)),
+        ("3월에 결정한 것", datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 4, 1, tzinfo=UTC)),
+        ("2025년 12월에 바꾼 설정", datetime(2025, 12, 1, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC)),
+        ("지난달 장애", datetime(2026, 2, 1, tzinfo=UTC), datetime(2026, 3, 1, tzinfo=UTC)),
+    ],
+)
+def test_chinese_and_korean_time_references(question: str, since: datetime, until: datetime | None) -> None:
+    found = time_range_of(question.lower(), NOW)
+    assert found is not None
+    assert (found.since, found.until) == (since, until)
+    assert analyse(question, NOW).about_past
+
+
+@pytest.mark.parametrize("question", ["3个月的预算是多少", "每月的报告", "写一首关于春天的诗", "한 달 동안"])
+def test_no_time_reference_in_these_chinese_and_korean_questions(question: str) -> None:
+    assert time_range_of(question.lower(), NOW) is None
+
+
+def test_identifiers_inside_chinese_and_korean_text() -> None:
+    assert exact_terms("我们之前提到的parse_config.py里的超时是多少？") == ("parse_config.py",)
+    assert "parse_config.py" in exact_terms("parse_config.py에서 타임아웃이 몇 초였지?")
+    assert contains_term("把 parse_config.py里的超时改成30秒", "parse_config.py")
+    assert contains_term("포트는 8443으로 바꿨어요", "8443")
+    assert not contains_term("端口是18443", "8443")
+    assert analyse("我们之前讨论过的方案", NOW).about_past
+    assert analyse("아까 말했던 포트 번호", NOW).about_past

@@ -33,6 +33,7 @@ from lancedb.table import AsyncTable
 
 from gateway.adapters.vector_cache import COLUMNS, DELTA_MARGIN, Entry, Key, VectorCache, from_micros
 from gateway.errors import SearchIndexError
+from gateway.pipeline.text import cjk_bigrams
 from gateway.records import IndexHit, IndexRow, SearchQuery, SearchResult
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,11 @@ FTS_CONFIG = FTS(
     remove_stop_words=True,
     ascii_folding=True,
 )
+# The engine's word tokenizers keep a run of Chinese or Japanese characters (or a Korean word with its
+# particles) as one token, so "端口" was never found in "我们把端口改成8443"; its n-gram tokenizer finds them
+# but turns every English word and number into fragments too (measured: "8443" then matched any row with
+# "84"). So the indexed text and the query both spell each such run as its overlapping character
+# bigrams (`cjk_bigrams`), and the word tokenizer above keeps English whole.
 _HIT_COLUMNS = ["node_id", "conversation_id", "view", "depth", "created_at"]
 _WORD = re.compile(r"[^\W_]")
 # Identifier-like chunks (parse_config.py, user_profile_cache, 10.0.0.1, src/app.ts): matched also as a
@@ -162,7 +168,7 @@ def _rows_table(rows: Sequence[IndexRow], target: pa.Schema, dimensions: int) ->
             "created_at": [
                 r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC) for r in unique
             ],
-            "text": [r.text for r in unique],
+            "text": [cjk_bigrams(r.text) for r in unique],
             "vector": _vector_array([r.vector for r in unique], dimensions),
         },
         schema=target,
@@ -205,6 +211,8 @@ def keyword_query(text: str) -> FullTextQuery | None:
     """
     if not _WORD.search(text):
         return None
+    phrases = list(dict.fromkeys(_COMPOUND.findall(text)))[:_MAX_PHRASES]
+    text = cjk_bigrams(text)
     words = text.split()
     if len(words) > _MAX_QUERY_TERMS:
         text = " ".join(list(dict.fromkeys(words))[:_MAX_QUERY_TERMS])
@@ -220,7 +228,6 @@ def keyword_query(text: str) -> FullTextQuery | None:
         prefix_length=0,
         document_granularity=None,
     )
-    phrases = list(dict.fromkeys(_COMPOUND.findall(text)))[:_MAX_PHRASES]
     if not phrases:
         return match
     clauses: list[tuple[Occur, FullTextQuery]] = [(Occur.SHOULD, match)]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from gateway.errors import SearchIndexError
+from gateway.pipeline.text import cjk_bigrams
 from gateway.records import IndexHit, IndexRow, SearchQuery, SearchResult
 
 _TOKEN = re.compile(r"[^\W_]+")
@@ -26,7 +27,8 @@ _STOP_WORDS = frozenset(
 
 
 def _tokens(text: str) -> list[str]:
-    return [t for t in _TOKEN.findall(text.lower()) if t not in _STOP_WORDS]
+    # CJK runs as bigrams, as the real index reads them.
+    return [t for t in _TOKEN.findall(cjk_bigrams(text).lower()) if t not in _STOP_WORDS]
 
 
 def _unit(vector: Sequence[float]) -> list[float]:

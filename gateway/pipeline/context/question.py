@@ -1,5 +1,6 @@
-"""What the current question asks of the past: a time range ("last week", "in March"), exact terms
-(file names, codes, numbers, quoted text), and whether it asks about earlier turns at all.
+"""What the current question asks of the past: a time range ("last week", "in March"; "上周", "3月",
+"지난주" too), exact terms (file names, codes, numbers, quoted text), and whether it asks about earlier
+turns at all.
 
 Pure functions over the question text; the retrieval section turns them into filters and weights.
 """
@@ -9,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+
+from gateway.pipeline.text import CJK
 
 _MONTHS = {
     name: index + 1
@@ -53,6 +56,88 @@ _TERM = re.compile(r"[A-Za-z0-9_./:-]*(?:\d|[._/]\w|[a-z][A-Z])[A-Za-z0-9_./:-]*
 _QUOTED = re.compile(r"[\"“'`]([^\"”'`]{3,80})[\"”'`]")
 
 
+# A CJK letter does not end an English identifier ("parse_config.py里的" names the file).
+_WORD_CHAR = rf"[^\W{CJK}]"
+
+# Chinese and Korean time phrases, rewritten to the English ones below before they are read. Order
+# matters: "3个月前" (3 months ago) before "3月" (March), "十二月" before "二月".
+_CN_DIGITS = {
+    "一": 1,
+    "二": 2,
+    "两": 2,
+    "三": 3,
+    "四": 4,
+    "五": 5,
+    "六": 6,
+    "七": 7,
+    "八": 8,
+    "九": 9,
+    "十": 10,
+}
+_CN_MONTHS = {"十一": 11, "十二": 12, **{k: v for k, v in _CN_DIGITS.items() if k != "两"}}
+_MONTH_NAMES = [next(name for name, number in _MONTHS.items() if number == m) for m in range(1, 13)]
+_NUM = r"(\d+|[一二两三四五六七八九十])"
+
+
+def _number(raw: str) -> int:
+    return int(raw) if raw.isdigit() else _CN_DIGITS[raw]
+
+
+def _month(raw: str) -> str:
+    month = int(raw) if raw.isdigit() else _CN_MONTHS.get(raw, 0)
+    return f" in {_MONTH_NAMES[month - 1]} " if 1 <= month <= 12 else raw
+
+
+_LOCAL_AGO: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(rf"{_NUM}\s*(?:天|日)\s*(?:前|之前|以前)|(\d+)\s*일\s*전"), "day"),
+    (
+        re.compile(rf"{_NUM}\s*(?:个|個)?\s*(?:星期|礼拜|禮拜|周|週)\s*(?:前|之前|以前)|(\d+)\s*주\s*전"),
+        "week",
+    ),
+    (re.compile(rf"{_NUM}\s*(?:个|個)\s*月\s*(?:前|之前|以前)|(\d+)\s*(?:개월|달)\s*전"), "month"),
+    (re.compile(rf"{_NUM}\s*年\s*(?:前|之前|以前)|(\d+)\s*년\s*전"), "year"),
+]
+_LOCAL_PHRASES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"今天|今日|오늘"), " today "),
+    (re.compile(r"昨天|昨日|어제"), " yesterday "),
+    (re.compile(r"前天|그제|그저께"), " 2 days ago "),
+    (re.compile(r"(?:这|這|本)(?:个|個)?(?:星期|礼拜|禮拜|周|週)|이번\s*주"), " this week "),
+    (re.compile(r"上(?:个|個)?(?:星期|礼拜|禮拜|周|週)|지난\s*주"), " last week "),
+    (re.compile(r"(?:这|這)(?:个|個)月|本月|이번\s*달"), " this month "),
+    (re.compile(r"上(?:个|個)?月|지난\s*달"), " last month "),
+    (re.compile(r"今年|올해"), " this year "),
+    (re.compile(r"去年|작년|지난해"), " last year "),
+]
+_LOCAL_MONTH = re.compile(r"(?:(\d{4})\s*[年년]\s*)?(\d{1,2}|十[一二]|[一二三四五六七八九十])\s*[月월]")
+
+
+def _localised(lowered: str) -> str:
+    """The question with its Chinese and Korean time phrases written as the English ones."""
+    if not re.search(f"[{CJK}]", lowered):
+        return lowered
+    for pattern, unit in _LOCAL_AGO:
+
+        def ago(match: re.Match[str], unit: str = unit) -> str:
+            return f" {_number(next(g for g in match.groups() if g))} {unit}s ago "
+
+        lowered = pattern.sub(ago, lowered)
+    for pattern, english in _LOCAL_PHRASES:
+        lowered = pattern.sub(english, lowered)
+
+    def month(match: re.Match[str]) -> str:
+        named = _month(match.group(2))
+        return f"{named.rstrip()} {match.group(1)} " if match.group(1) and named != match.group(2) else named
+
+    return _LOCAL_MONTH.sub(month, lowered)
+
+
+# Past-pointing phrasing in Chinese and Korean ("之前说过", "上次", "아까 말했던").
+_LOCAL_PAST = re.compile(
+    r"之前|以前|刚才|剛才|上次|记得|記得|说过|說過|提到|提过|决定|決定|讨论过|討論過|"
+    r"전에|아까|지난번|기억|말했|얘기했|이야기했|했었|결정했"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class TimeRange:
     since: datetime | None
@@ -70,8 +155,9 @@ class QuestionFacts:
 def analyse(question: str, now: datetime) -> QuestionFacts:
     lowered = question.lower()
     time_range = time_range_of(lowered, now)
+    past = _PAST.search(lowered) is not None or _LOCAL_PAST.search(lowered) is not None
     return QuestionFacts(
-        about_past=time_range is not None or _PAST.search(lowered) is not None,
+        about_past=time_range is not None or past,
         time_range=time_range,
         terms=exact_terms(question),
     )
@@ -90,14 +176,14 @@ def exact_terms(question: str) -> tuple[str, ...]:
 
 def contains_term(text: str, term: str) -> bool:
     """`term` in `text` (both lower-cased) as a whole token: "10" is not found in "2010"."""
-    return re.search(rf"(?<![\w]){re.escape(term)}(?![\w])", text) is not None
+    return re.search(rf"(?<!{_WORD_CHAR}){re.escape(term)}(?!{_WORD_CHAR})", text) is not None
 
 
 def time_range_of(lowered: str, now: datetime) -> TimeRange | None:
     """The first time reference in the (lower-cased) question as a [since, until) range around `now`;
     None when there is none or it lies outside the calendar ("3000 years ago", "in May 0000")."""
     try:
-        return _time_range(lowered, now)
+        return _time_range(_localised(lowered), now)
     except (OverflowError, ValueError):
         return None
 
