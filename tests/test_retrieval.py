@@ -397,3 +397,32 @@ def test_budget_left_by_retrieval_goes_to_the_recent_window(
     assert "orange-kettle-42" in forwarded(upstream)
     assert report["sent_tokens"] <= report["budget_tokens"]
     assert report["sent_tokens"] >= 0.9 * report["budget_tokens"], report["sections"]
+
+
+def test_the_newest_two_exchanges_stay_whatever_retrieval_asks_for(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = gateway_with(make_gateway, upstream, context={"budget_tokens": 3_000})
+    long = " ".join(TOPICS)  # ~50 tokens: an exchange below is ~500, two are past the window floor
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "Our staging database password rotation runs from vault_rotate.sh."},
+        {"role": "assistant", "content": "Noted: vault_rotate.sh rotates the staging password."},
+    ]
+    for i in range(59):
+        # Every old exchange matches the question a little, so retrieval could fill all the room it gets.
+        history.append({"role": "user", "content": f"Point {i} on the staging password rotation: {long}"})
+        history.append({"role": "assistant", "content": f"Answer {i}: " + " ".join([long] * 9)})
+    history.append({"role": "user", "content": "Thanks."})
+    answer = say(gateway, history).parse().choices[0].message.content  # the history arrives at once
+    wait_for_jobs(gateway, timeout=120)
+    history.append({"role": "assistant", "content": answer})
+    history.append({"role": "user", "content": "Which script did we say rotates the staging password?"})
+    raw = say(gateway, history)
+    sent = upstream.fake.last_chat().body["messages"]
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    assert "vault_rotate.sh" in injected(upstream)  # retrieval asked for its larger allowance
+    assert report["sections"]["retrieval"]["asked"] == 9_000
+    # The last two whole exchanges before the question go out as they were, whatever retrieval asked.
+    assert [m["content"] for m in sent[-5:]] == [m["content"] for m in history[-5:]]
+    assert report["sections"]["window"]["exchanges"] >= 2
+    assert report["sent_tokens"] <= 3_000

@@ -18,7 +18,7 @@ from gateway.pipeline.call import ChatCall, HistoryItem
 from gateway.pipeline.context.budget import Budget, compute_budget
 from gateway.pipeline.context.exchanges import split_current, trim_current
 from gateway.pipeline.context.section import BuildInput, Proposal, Section
-from gateway.pipeline.context.window import RecentWindow
+from gateway.pipeline.context.window import RecentWindow, newest_exchanges_tokens
 from gateway.ports import ChatPayload, JSONObject, ModelCatalog, Tokenizer, Tokenizers
 
 REPLY_PRIMING_TOKENS = 3
@@ -66,13 +66,17 @@ class ContextBuilder:
         window = RecentWindow(self.config.recent_tokens)
         scale = min(1.0, available / max(window.allowance + sum(s.allowance for s in self.sections), 1))
         share = window.allowance * scale
-        # Sections plan against the smallest window there can be (retrieval searches what lies before it).
-        build = replace(build, window=(await window.propose(build, int(share * WINDOW_FLOOR))).messages)
+        # The smallest window there can be: a floor of its share, and never fewer than the newest
+        # `min_recent_exchanges` whole exchanges (unless they alone overflow what is available).
+        pinned = min(newest_exchanges_tokens(history, self.config.min_recent_exchanges), available)
+        smallest = max(int(share * WINDOW_FLOOR), pinned)
+        # Sections plan against that window (retrieval searches what lies before it).
+        build = replace(build, window=(await window.propose(build, smallest)).messages)
         wanted = [await section.plan(build) for section in self.sections]
         # A section that asks for more than its default (retrieval, for a question about the past) takes
-        # the extra from the window's share, which keeps at least WINDOW_FLOOR of it; the summary keeps its.
+        # the extra from the window's share, down to the smallest window; the summary keeps its share.
         extra = sum(max(w - s.allowance, 0) for w, s in zip(wanted, self.sections, strict=True)) * scale
-        reserved = int(max(share - extra, share * WINDOW_FLOOR))
+        reserved = int(max(share - extra, smallest))
         spare = available - reserved  # the window always keeps its own share
         # What the window keeps at that share: the other sections work on what lies before it.
         build = replace(build, window=(await window.propose(build, reserved)).messages)

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.pipeline.call import HistoryItem
 from gateway.pipeline.context.exchanges import group_exchanges
 from gateway.pipeline.context.section import BuildInput, Proposal
+
+
+def newest_exchanges_tokens(history: list[HistoryItem], count: int) -> int:
+    """Tokens of the newest `count` whole exchanges of `history` (the window's minimum)."""
+    exchanges = group_exchanges(history)[-count:] if count > 0 else []
+    return sum(item.tokens or 0 for exchange in exchanges for item in exchange)
 
 
 @dataclass(slots=True)
