@@ -20,6 +20,9 @@ class NewMessage:
     data: JSONObject
     token_count: int
     path_tokens: int  # tokens of the whole path root..this message: a history's size without reading it
+    # False for history a client had before sending it (a long chat arriving in one request): stored
+    # now, but said at a time nobody told the gateway. Kept as `meta["undated"]`.
+    dated: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +261,7 @@ class IndexRow:
     created_at: datetime
     text: str
     vector: list[float] | None = None
+    dated: bool = True  # False: `created_at` is when the gateway stored it, not when it was said
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +274,7 @@ class SearchQuery:
     user_id: str | None = None  # ... and/or every conversation of one user
     exclude_conversation_id: str | None = None
     max_depth: int | None = None  # only messages shallower than this (older than the recent window)
+    # Only messages said in this range; undated ones pass (they may well be from then).
     since: datetime | None = None
     until: datetime | None = None
 
@@ -282,6 +287,7 @@ class IndexHit:
     depth: int
     created_at: datetime
     score: float  # the engine's own: cosine similarity for semantic hits, BM25 for keyword hits
+    dated: bool = True  # False: when it was said is unknown (`created_at` is when it was stored)
 
 
 @dataclass(frozen=True, slots=True)

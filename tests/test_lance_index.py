@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import lancedb
+import pyarrow as pa
 import pytest
 from lancedb.query import MatchQuery
 
-from gateway.adapters.lance_index import LanceIndex, keyword_query, table_name
+from gateway.adapters.lance_index import LanceIndex, keyword_query, schema, table_name
 from gateway.adapters.vector_cache import RELOAD_SECONDS, Entry, VectorCache
 from gateway.errors import SearchIndexError
 from gateway.fakes.memory_index import MemoryIndex
@@ -49,6 +50,7 @@ def row(
     vector: list[float] | None = None,
     view: str = "m",
     created_at: datetime | None = None,
+    dated: bool = True,
 ) -> IndexRow:
     return IndexRow(
         id=f"{node}:{view}",
@@ -61,6 +63,7 @@ def row(
         created_at=created_at or BASE + timedelta(minutes=depth),
         text=text,
         vector=vector,
+        dated=dated,
     )
 
 
@@ -416,6 +419,29 @@ def test_max_depth_keeps_older_messages_only(index: LanceIndex | MemoryIndex) ->
     run(scenario())
 
 
+def test_undated_rows_pass_any_time_range_and_say_so(index: LanceIndex | MemoryIndex) -> None:
+    async def scenario() -> None:
+        v = unit(1, 0, 0, 0)
+        late = BASE + timedelta(days=30)  # stored a month later, said at an unknown time
+        await index.add(
+            [
+                row("dated-in", "budget review", created_at=BASE + timedelta(hours=1), vector=v),
+                row("dated-out", "budget review", created_at=late, vector=v),
+                row("undated", "budget review", created_at=late, vector=v, dated=False),
+            ]
+        )
+        window = {"since": BASE, "until": BASE + timedelta(days=1), "limit": 10}
+        result = await index.search(query("budget", v, **window))
+        assert sorted(ids(result.semantic)) == ["dated-in", "undated"]
+        assert sorted(ids(result.keyword)) == ["dated-in", "undated"]
+        assert {h.node_id: h.dated for h in result.semantic + result.keyword} == {
+            "dated-in": True,
+            "undated": False,
+        }
+
+    run(scenario())
+
+
 def test_since_and_until_bound_created_at(index: LanceIndex | MemoryIndex) -> None:
     async def scenario() -> None:
         v = unit(1, 0, 0, 0)
@@ -490,6 +516,28 @@ def test_table_names_are_sanitised() -> None:
     assert table_name("a/b") != table_name("a_b") != table_name("a.b")
     with pytest.raises(ValueError):
         table_name("///")
+
+
+def test_a_table_from_before_undated_rows_gets_the_column_at_open(tmp_path: Path) -> None:
+    uri = str(tmp_path / "db")
+    old = schema(DIMS).remove(schema(DIMS).get_field_index("dated"))
+    db = lancedb.connect(uri)
+    table = db.create_table("messages_old", schema=old)
+    kept = row("kept", "rotate the api keys", vector=unit(1, 0, 0, 0))
+    values = {f.name: [getattr(kept, f.name)] for f in old if f.name != "vector"}
+    table.add(pa.table({**values, "vector": [kept.vector]}, schema=old))
+    index = LanceIndex.open(uri, "messages_old", DIMS)
+
+    async def scenario() -> None:
+        await index.add([row("new", "rotate the api keys", vector=unit(1, 0, 0, 0), dated=False)])
+        window = {"since": BASE + timedelta(days=1), "limit": 10}
+        result = await index.search(query("rotate", unit(1, 0, 0, 0), **window))
+        assert ids(result.semantic) == ["new"]  # the old row counts as dated (and is out of range)
+        result = await index.search(query("rotate", unit(1, 0, 0, 0), limit=10))
+        assert {h.node_id: h.dated for h in result.keyword} == {"kept": True, "new": False}
+        await index.aclose()
+
+    run(scenario())
 
 
 def test_open_creates_schema_and_indexes_and_checks_dimensions(tmp_path: Path) -> None:
@@ -632,6 +680,7 @@ def _scattered_rows() -> list[IndexRow]:
                         depth=depth,
                         vector=None if depth % 7 == 3 else vector,
                         created_at=BASE + timedelta(hours=depth),
+                        dated=depth % 5 != 1,  # some said at an unknown time: they pass time ranges
                     )
                 )
     return rows
@@ -662,8 +711,8 @@ def test_cached_semantic_search_matches_the_table(tmp_path: Path, filters: dict[
                 found = (await cached.search(q)).semantic
                 assert ids(found) == ids(expected)
                 assert [h.score for h in found] == pytest.approx([h.score for h in expected], abs=1e-5)
-                assert [(h.view, h.depth, h.created_at, h.conversation_id) for h in found] == [
-                    (h.view, h.depth, h.created_at, h.conversation_id) for h in expected
+                assert [(h.view, h.depth, h.created_at, h.conversation_id, h.dated) for h in found] == [
+                    (h.view, h.depth, h.created_at, h.conversation_id, h.dated) for h in expected
                 ]
                 assert all(h.node_id.startswith("acme-c2-") for h in found)
         assert (

@@ -426,3 +426,45 @@ def test_the_newest_two_exchanges_stay_whatever_retrieval_asks_for(
     assert [m["content"] for m in sent[-5:]] == [m["content"] for m in history[-5:]]
     assert report["sections"]["window"]["exchanges"] >= 2
     assert report["sent_tokens"] <= 3_000
+
+
+def test_history_that_arrives_at_once_is_undated_and_passes_time_ranges(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    clock = Clock(datetime(2026, 3, 18, 10, 0, tzinfo=UTC))  # a Wednesday: "last week" is 9-15 March
+    gateway = gateway_with(make_gateway, upstream, clock=clock)
+    history = [
+        {"role": "user", "content": "For the ledger service we chose Redis as the cache."},
+        {"role": "assistant", "content": "Redis it is for the ledger cache."},
+        *filler(30),
+        {"role": "user", "content": "That is all for today."},
+    ]
+    raw = say(gateway, history)  # a client with a long chat starts using the gateway
+    conversation_id = raw.headers["x-conversation-id"]
+    wait_for_jobs(gateway)
+    stored = api(gateway, f"/conversations/{conversation_id}/messages")["data"]
+    undated = [m["message"]["content"] for m in stored if m["meta"].get("undated")]
+    # Everything the client had before is undated; its question and the answer are from now.
+    assert undated == [m["content"] for m in history[:-1]]
+    history += [
+        {"role": "assistant", "content": raw.parse().choices[0].message.content},
+        {"role": "user", "content": "What did we choose for the ledger service last week?"},
+    ]
+    say(gateway, history)
+    block = injected(upstream)
+    # Stored today, said at an unknown time: it may be last week's, and it is not labelled as today's.
+    assert "we chose Redis as the cache" in block
+    assert "[date unknown]" in block and "[2026-03-18" not in block
+
+
+def test_a_fresh_agent_loop_is_dated(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> None:
+    gateway = gateway_with(make_gateway, upstream)
+    call = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "What is the weather in Lisbon?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
+    raw = say(gateway, messages)  # the question, its tool call and the result: all said just now
+    stored = api(gateway, f"/conversations/{raw.headers['x-conversation-id']}/messages")["data"]
+    assert len(stored) == 4 and not any(m["meta"].get("undated") for m in stored)

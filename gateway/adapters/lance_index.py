@@ -69,7 +69,7 @@ FTS_CONFIG = FTS(
 # but turns every English word and number into fragments too (measured: "8443" then matched any row with
 # "84"). So the indexed text and the query both spell each such run as its overlapping character
 # bigrams (`cjk_bigrams`), and the word tokenizer above keeps English whole.
-_HIT_COLUMNS = ["node_id", "conversation_id", "view", "depth", "created_at"]
+_HIT_COLUMNS = ["node_id", "conversation_id", "view", "depth", "created_at", "dated"]
 _WORD = re.compile(r"[^\W_]")
 # Identifier-like chunks (parse_config.py, user_profile_cache, 10.0.0.1, src/app.ts): matched also as a
 # phrase, so rows holding the whole identifier outrank rows holding its common pieces.
@@ -115,6 +115,8 @@ def schema(dimensions: int) -> pa.Schema:
             pa.field("text", pa.string(), nullable=False),
             # Nullable: rows are added with their text first and embedded later.
             pa.field("vector", pa.list_(pa.float32(), dimensions), nullable=True),
+            # False: said at an unknown time (history that arrived at once); added to older tables at open.
+            pa.field("dated", pa.bool_(), nullable=True),
         ]
     )
 
@@ -170,6 +172,7 @@ def _rows_table(rows: Sequence[IndexRow], target: pa.Schema, dimensions: int) ->
             ],
             "text": [cjk_bigrams(r.text) for r in unique],
             "vector": _vector_array([r.vector for r in unique], dimensions),
+            "dated": [r.dated for r in unique],
         },
         schema=target,
     )
@@ -196,11 +199,16 @@ def _filter(query: SearchQuery) -> Expr:
         where = where & (col("conversation_id") != lit(query.exclude_conversation_id))
     if query.max_depth is not None:
         where = where & (col("depth") < lit(query.max_depth))
-    # Aware datetimes are compared as instants (lit converts them to UTC); naive ones are UTC.
+    # Aware datetimes are compared as instants (lit converts them to UTC); naive ones are UTC. Undated
+    # rows pass: when they were said is unknown, so no range rules them out.
+    when: Expr | None = None
     if query.since is not None:
-        where = where & (col("created_at") >= lit(query.since))
+        when = col("created_at") >= lit(query.since)
     if query.until is not None:
-        where = where & (col("created_at") <= lit(query.until))
+        until = col("created_at") <= lit(query.until)
+        when = until if when is None else when & until
+    if when is not None:
+        where = where & (when | (col("dated") == lit(False)))
     return where
 
 
@@ -241,15 +249,16 @@ def _hits(result: pa.Table, score: Callable[[float], float], column: str) -> lis
     # Timestamps as integers, made into datetimes here: pyarrow's own conversion of zoned timestamps
     # cost ~1 ms per 120 hits (measured), most of a keyword search's Python time.
     micros = result.column("created_at").cast(pa.int64()).to_pylist()
-    data = result.select(["node_id", "conversation_id", "view", "depth", column]).to_pydict()
+    data = result.select(["node_id", "conversation_id", "view", "depth", "dated", column]).to_pydict()
     hits = [
-        IndexHit(node_id, conversation_id, view, depth, from_micros(at), score(raw))
-        for node_id, conversation_id, view, depth, at, raw in zip(
+        IndexHit(node_id, conversation_id, view, depth, from_micros(at), score(raw), dated is not False)
+        for node_id, conversation_id, view, depth, at, dated, raw in zip(
             data["node_id"],
             data["conversation_id"],
             data["view"],
             data["depth"],
             micros,
+            data["dated"],
             data[column],
             strict=True,
         )
@@ -320,6 +329,9 @@ class LanceIndex:
                 created = db.open_table(name)
             except ValueError:  # not there yet; exist_ok: another replica may be creating it right now
                 created = db.create_table(name, schema=schema(dimensions), exist_ok=True)
+            if "dated" not in created.schema.names:
+                # Tables written before undated history existed: every row there was dated.
+                created.add_columns({"dated": "true"})
             found = created.schema.field("vector").type
             if not pa.types.is_fixed_size_list(found) or found.list_size != dimensions:
                 raise SearchIndexError(

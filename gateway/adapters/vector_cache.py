@@ -28,7 +28,7 @@ from gateway.records import IndexHit, SearchQuery
 # behind the newest row it holds, and skips the ids it has.
 DELTA_MARGIN = timedelta(minutes=10)
 RELOAD_SECONDS = 600.0
-COLUMNS = ["id", "user_id", "node_id", "view", "depth", "created_at", "vector"]
+COLUMNS = ["id", "user_id", "node_id", "view", "depth", "created_at", "dated", "vector"]
 
 Key = tuple[str, str]  # (tenant, conversation_id)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -49,6 +49,7 @@ class Entry:
     created: tuple[datetime, ...] = ()
     depths: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     micros: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    undated: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
     loaded_at: float = field(default_factory=time.monotonic)
 
     @classmethod
@@ -87,6 +88,7 @@ class Entry:
         micros = np.asarray(taken.column("created_at").cast(pa.int64()).to_numpy(), dtype=np.int64)
         created = [from_micros(int(m)) for m in micros]
         depths = np.asarray(taken.column("depth").to_numpy(), dtype=np.int64)
+        undated = np.asarray([d is False for d in taken.column("dated").to_pylist()], dtype=np.bool_)
         return replace(
             self,
             user_id=user_id,
@@ -98,6 +100,7 @@ class Entry:
             created=self.created + tuple(created),
             depths=np.concatenate([self.depths, depths]),
             micros=np.concatenate([self.micros, micros]),
+            undated=np.concatenate([self.undated, undated]),
         )
 
     def search(self, query: SearchQuery, vector: npt.NDArray[np.float32]) -> list[IndexHit]:
@@ -110,10 +113,12 @@ class Entry:
         allowed = np.ones(self.rows, dtype=bool)
         if query.max_depth is not None:
             allowed &= self.depths < query.max_depth
+        when = np.ones(self.rows, dtype=bool)
         if query.since is not None:
-            allowed &= self.micros >= _micros(_aware(query.since))
+            when &= self.micros >= _micros(_aware(query.since))
         if query.until is not None:
-            allowed &= self.micros <= _micros(_aware(query.until))
+            when &= self.micros <= _micros(_aware(query.until))
+        allowed &= when | self.undated  # when undated rows were said is unknown: no range rules them out
         candidates = np.flatnonzero(allowed)
         if len(candidates) > query.limit:
             top = np.argpartition(-scores[candidates], query.limit - 1)[: query.limit]
@@ -127,6 +132,7 @@ class Entry:
                 int(self.depths[i]),
                 self.created[i],
                 float(scores[i]),
+                not bool(self.undated[i]),
             )
             for i in order
         ]

@@ -156,8 +156,13 @@ def _passes(row: IndexRow, query: SearchQuery) -> bool:
         and (query.user_id is None or row.user_id == query.user_id)
         and (query.exclude_conversation_id is None or row.conversation_id != query.exclude_conversation_id)
         and (query.max_depth is None or row.depth < query.max_depth)
-        and (query.since is None or row.created_at >= _aware(query.since))
-        and (query.until is None or row.created_at <= _aware(query.until))
+        and (_in_range(row, query) or not row.dated)  # undated rows pass any time range
+    )
+
+
+def _in_range(row: IndexRow, query: SearchQuery) -> bool:
+    return (query.since is None or row.created_at >= _aware(query.since)) and (
+        query.until is None or row.created_at <= _aware(query.until)
     )
 
 
@@ -167,4 +172,4 @@ def _contains(tokens: list[str], phrase: list[str]) -> bool:
 
 
 def _hit(row: IndexRow, score: float) -> IndexHit:
-    return IndexHit(row.node_id, row.conversation_id, row.view, row.depth, row.created_at, score)
+    return IndexHit(row.node_id, row.conversation_id, row.view, row.depth, row.created_at, score, row.dated)

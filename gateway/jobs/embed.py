@@ -58,6 +58,7 @@ def index_rows(tenant: str, user_id: str | None, path: Sequence[StoredMessage], 
                 depth=m.node.depth,
                 created_at=m.created_at,
                 text=text,
+                dated=m.meta.get("undated") is not True,
             )
         )
 

@@ -189,6 +189,12 @@ def _new_messages(
     tokenizer: Tokenizer,
 ) -> list[NewMessage]:
     out: list[NewMessage] = []
+    # History the client had before this request (everything before its last question, when that holds
+    # an answer) was said at times nobody told us: stored undated. A fresh agent loop (question, tool
+    # call, results) is all from now.
+    last_question = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+    before = messages[:last_question]
+    undated = last_question if any(m.get("role") == "assistant" for m in before) else 0
     parent_id = parent.id if parent is not None else None
     path_tokens = base_tokens
     for offset, (message, chain_hash) in enumerate(zip(messages, hashes, strict=True)):
@@ -204,6 +210,7 @@ def _new_messages(
                 data=message,
                 token_count=tokens,
                 path_tokens=path_tokens,
+                dated=offset >= undated,
             )
         )
         parent_id = chain_hash

@@ -486,7 +486,8 @@ def _fuse(result: SearchResult) -> list[_Candidate]:
         for rank, hit in enumerate(hits):
             candidate = by_node.setdefault(hit.node_id, _Candidate(hit.node_id))
             candidate.score += 1.0 / (RRF_K + rank)
-            candidate.created_at = candidate.created_at or hit.created_at
+            # An undated hit (history that arrived at once) has no date to show.
+            candidate.created_at = candidate.created_at or (hit.created_at if hit.dated else None)
             candidate.conversation_id = hit.conversation_id
             candidate.views.append(hit.view)
 
@@ -536,7 +537,7 @@ def _line(item: HistoryItem) -> str:
 
 
 def _when(created_at: datetime | None) -> str:
-    return f"{created_at:%Y-%m-%d %H:%M}" if created_at is not None else "undated"
+    return f"{created_at:%Y-%m-%d %H:%M}" if created_at is not None else "date unknown"
 
 
 def _day(created_at: datetime | None) -> date | None:
