@@ -10,6 +10,7 @@ the gateway's whole time per question (its `x-gateway-overhead-ms` header) and t
 `--dump FILE` writes each question's evidence, what was found and the retrieval report (per variant).
 
     python benchmarks/locomo.py [--data ../shared/locomo/locomo-dev.json] [--budgets 2000,4000,8000]
+    python benchmarks/locomo.py --at-once     # each history in one request, as an app joining mid-way
 
 The data is CC BY-NC 4.0: read it from its path, never copy it into this repository.
 """
@@ -181,6 +182,21 @@ def replay(client: OpenAI, fake: FakeUpstream, clock: Clock, sample: Sample) -> 
     return messages
 
 
+def send_at_once(client: OpenAI, fake: FakeUpstream, clock: Clock, sample: Sample) -> list[dict[str, str]]:
+    """The whole conversation in one request, as a chat app that starts using the gateway mid-way sends
+    it (the gateway's clock at the end: nothing tells it when the turns were said); returns the history
+    as the app then holds it."""
+    messages = [{"role": role, "content": content} for _, role, content, _ in sample.turns]
+    clock.now = sample.turns[-1][3]
+    if messages[-1]["role"] == "assistant":
+        messages.append({"role": "user", "content": "Thanks, talk soon."})
+    fake.enqueue(Reply(content="Talk soon!"))
+    answer = client.chat.completions.create(
+        model="gpt-4o-mini", messages=messages, extra_headers={"X-User-Id": sample.sample_id}
+    )
+    return [*messages, {"role": "assistant", "content": answer.choices[0].message.content or ""}]
+
+
 def request_record(http: httpx.Client, request_id: str, headers: dict[str, str]) -> dict[str, Any]:
     """The stored request record (written just after the response for a history-only client)."""
     for _ in range(200):
@@ -307,6 +323,12 @@ def main() -> None:
     parser.add_argument("--budgets", default="2000,4000,8000")
     parser.add_argument("--conversations", type=int, default=0, help="only the first N (0: all)")
     parser.add_argument("--window-only", action="store_true", help="also measure without retrieval")
+    parser.add_argument(
+        "--at-once",
+        action="store_true",
+        help="send each conversation's whole history in one request (an app that starts using the "
+        "gateway mid-conversation) instead of turn by turn",
+    )
     parser.add_argument("--json", type=Path, help="write the figures here too")
     parser.add_argument(
         "--dump",
@@ -342,7 +364,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, BackgroundServer(fake.app()) as upstream:
         data_dir = args.keep or Path(tmp)
         data_dir.mkdir(parents=True, exist_ok=True)
-        saved = data_dir / "replayed.json"
+        saved = data_dir / ("sent-at-once.json" if args.at_once else "replayed.json")
         upstream_url = f"{upstream.url}/v1"
         variants = [(f"budget {b}", b, True) for b in budgets]
         if args.window_only:
@@ -357,9 +379,10 @@ def main() -> None:
                 if index == 0 and not histories:
                     fake.record = False
                     started = time.perf_counter()
+                    send = send_at_once if args.at_once else replay
                     for sample in samples:
-                        histories[sample.sample_id] = replay(client, fake, clock, sample)
-                        print(f"  replayed {sample.sample_id}: {len(sample.turns)} turns", flush=True)
+                        histories[sample.sample_id] = send(client, fake, clock, sample)
+                        print(f"  sent {sample.sample_id}: {len(sample.turns)} turns", flush=True)
                     replayed = time.perf_counter() - started
                     wait_for_jobs(gateway.url)
                     print(

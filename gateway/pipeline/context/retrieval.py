@@ -35,6 +35,10 @@ RRF_K = 30  # measured on LoCoMo (benchmarks/locomo.py): 30 ranked a little bett
 MIN_SIMILARITY = 0.35
 # A match this close (cosine) in old history is worth more room than the recent window's tail.
 RECALL_SIMILARITY = 0.5
+# Those two thresholds are MiniLM's; models whose cosines sit in another band get theirs, matched by
+# quantile on the LoCoMo dev questions (benchmarks/similarity_bands.py: e5 puts even unrelated text at
+# ~0.8, and its best matches between 0.83 and 0.90 where MiniLM's lie between 0.52 and 0.76).
+SIMILARITY_BANDS = {"multilingual-e5-small-q4": (0.80, 0.83)}
 NEIGHBOUR_SHARE = 0.5
 HEADER = "## Retrieved from earlier in this conversation (verbatim, oldest first)"
 OTHER_HEADER = "## Retrieved from this user's other conversations (verbatim)"
@@ -99,6 +103,12 @@ class RetrievalSection:
     def allowance(self) -> int:
         return self.config.allowance_tokens
 
+    @property
+    def band(self) -> tuple[float, float]:
+        """(fair, close) cosine similarity for this section's embedding model."""
+        model = self.embedder.model if self.embedder is not None else ""
+        return SIMILARITY_BANDS.get(model, (MIN_SIMILARITY, RECALL_SIMILARITY))
+
     async def plan(self, build: BuildInput) -> int:
         """Search now (before the budget is split), then ask for room by what the question and the
         scores say: more when it asks about the past, names a term found in old messages, or matches old
@@ -108,9 +118,10 @@ class RetrievalSection:
         if not found.on_path:
             return 0
         facts = found.facts
-        if facts.about_past or found.matched_terms or found.best_similarity >= RECALL_SIMILARITY:
+        fair, close = self.band
+        if facts.about_past or found.matched_terms or found.best_similarity >= close:
             return self.config.recall_allowance_tokens
-        if found.best_similarity >= MIN_SIMILARITY:
+        if found.best_similarity >= fair:
             return self.config.allowance_tokens
         found.detail["skipped"] = "no close match"
         return 0
@@ -329,7 +340,7 @@ class RetrievalSection:
         self, build: BuildInput, result: SearchResult, facts: QuestionFacts, room: int
     ) -> list[_Group]:
         """The best few matches in the user's other conversations, each with the messages before it."""
-        close = {h.node_id for h in result.semantic if h.score >= MIN_SIMILARITY}
+        close = {h.node_id for h in result.semantic if h.score >= self.band[0]}
         out: list[_Group] = []
         for candidate in _fuse(result)[:OTHER_MAX]:
             try:
