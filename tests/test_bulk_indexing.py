@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -15,7 +16,13 @@ import httpx
 from gateway.adapters.sql.store import SqlStore
 from gateway.fakes.embedder import HashingEmbedder
 from gateway.fakes.memory_index import MemoryIndex
-from gateway.jobs.embed import TEXT_CHUNK_MESSAGES, EmbedHandler, IndexTarget
+from gateway.jobs.embed import (
+    BATCH_CHARS,
+    TEXT_CHUNK_MESSAGES,
+    TEXT_COST_CHARS,
+    EmbedHandler,
+    IndexTarget,
+)
 from gateway.records import EMBED, AppendRequest, EmbedWork, IndexBacklog, NewMessage, embed_key_prefix
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
 
@@ -89,7 +96,7 @@ def test_texts_of_a_very_long_stretch_go_in_chunks_too(database_url: str) -> Non
             conversation_id = await store.append(AppendRequest("acme", None, None, None, tuple(messages)))
             index = MemoryIndex()
             handler = EmbedHandler(
-                store, {"acme": IndexTarget(HashingEmbedder(8), index, 500)}.get, store.jobs
+                store, {"acme": IndexTarget(HashingEmbedder(8), index, 100)}.get, store.jobs
             )
             await store.jobs.enqueue(EmbedWork(conversation_id, messages[-1].id, total).job("acme"))
             job = (await store.jobs.lease("w", [EMBED], 60))[0]
@@ -97,8 +104,8 @@ def test_texts_of_a_very_long_stretch_go_in_chunks_too(database_url: str) -> Non
             await store.jobs.complete(job, "w")
             pending = await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme")
             modes = sorted((p["mode"], p["count"]) for p in pending)
-            assert modes == [("texts", 30), ("vectors", total - 500)]
-            assert IndexBacklog.of(pending) == IndexBacklog(unsearchable=30, unembedded=total - 500)
+            assert modes == [("texts", 30), ("vectors", total - 100)]
+            assert IndexBacklog.of(pending) == IndexBacklog(unsearchable=30, unembedded=total - 100)
             alone = {r.row.node_id for r in index.rows.values() if r.row.view == "m"}
             assert alone == {m.id for m in messages[-TEXT_CHUNK_MESSAGES:]}
         finally:
@@ -199,3 +206,30 @@ def test_a_700_message_history_in_one_request_is_fully_indexed_under_a_short_lea
     client.chat.completions.create(model="gpt-4o", messages=history)
     sent = "\n".join(str(m["content"]) for m in upstream.fake.last_chat().body["messages"][:-1])
     assert f"the reference is {IDENTIFIERS[0]}" in sent
+
+
+def test_jobs_of_long_messages_are_bounded_by_their_texts_size(database_url: str) -> None:
+    async def scenario() -> None:
+        store = SqlStore.open(database_url)
+        try:
+            messages = [
+                replace(m, data={"role": m.role, "content": f"{m.data['content']} " + "word " * 500})
+                for m in chain(40)
+            ]
+            conversation_id = await store.append(AppendRequest("acme", None, None, None, tuple(messages)))
+            embedder, index = HashingEmbedder(8), MemoryIndex()
+            handler = EmbedHandler(store, {"acme": IndexTarget(embedder, index, 64)}.get, store.jobs)
+            await store.jobs.enqueue(EmbedWork(conversation_id, messages[-1].id, 40).job("acme"))
+            while jobs := await store.jobs.lease("w", [EMBED], 60):
+                await handler(jobs[0])
+                await store.jobs.complete(jobs[0], "w")
+            # 40 messages of ~2,500 characters: far past BATCH_CHARS in one job, so several jobs, each
+            # within it (its texts counted up to TEXT_COST_CHARS each, as the models read no further).
+            assert len(embedder.calls) > 3
+            for texts in embedder.calls:
+                assert sum(min(len(t), TEXT_COST_CHARS) for t in texts) <= BATCH_CHARS
+            assert len({r.row.node_id for r in index.rows.values() if r.unit is not None}) == 40
+        finally:
+            await store.aclose()
+
+    asyncio.run(scenario())

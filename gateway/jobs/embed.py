@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 # second on a 2-core machine (BENCHMARKS.md, "Bulk indexing").
 TEXT_CHUNK_MESSAGES = 2_000
 DEFAULT_BATCH_MESSAGES = 64
+# The texts one job embeds, in characters (each counted up to TEXT_COST_CHARS, past which the models
+# read no further): long messages make a job's embedding slow long before 64 of them are reached (e5 on
+# one thread spent over 60 s on 64 messages of ~2,000 characters). About 4 s a job on this machine.
+BATCH_CHARS = 24_000
+TEXT_COST_CHARS = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,22 @@ def index_rows(tenant: str, user_id: str | None, path: Sequence[StoredMessage], 
     return rows
 
 
+def _within_chars(tenant: str, path: Sequence[StoredMessage], count: int) -> int:
+    """How many of the `count` newest messages of `path` one job embeds: at least one, and no more than
+    BATCH_CHARS of texts."""
+    rows = index_rows(tenant, None, path, count)
+    cost: dict[str, int] = {}
+    for r in rows:  # a "w" row is keyed by its child: it is the child's work
+        owner = r.id.split(":")[2] if r.view == "w" else r.node_id
+        cost[owner] = cost.get(owner, 0) + min(len(r.text), TEXT_COST_CHARS)
+    total = 0
+    for taken, message in enumerate(reversed(path[len(path) - count :])):
+        total += cost.get(message.node.id, 0)
+        if total > BATCH_CHARS and taken > 0:
+            return taken
+    return count
+
+
 @dataclass(slots=True)
 class EmbedHandler:
     store: MessageStore
@@ -97,6 +118,7 @@ class EmbedHandler:
         if found is None:
             return  # deleted meanwhile
         path, conversation_id, user_id = found
+        count = _within_chars(job.tenant, path, count)
         rows = index_rows(job.tenant, user_id, path, count)
         if rows:
             try:

@@ -35,10 +35,11 @@ RRF_K = 30  # measured on LoCoMo (benchmarks/locomo.py): 30 ranked a little bett
 MIN_SIMILARITY = 0.35
 # A match this close (cosine) in old history is worth more room than the recent window's tail.
 RECALL_SIMILARITY = 0.5
-# Those two thresholds are MiniLM's; models whose cosines sit in another band get theirs, matched by
-# quantile on the LoCoMo dev questions (benchmarks/similarity_bands.py: e5 puts even unrelated text at
-# ~0.8, and its best matches between 0.83 and 0.90 where MiniLM's lie between 0.52 and 0.76).
-SIMILARITY_BANDS = {"multilingual-e5-small-q4": (0.80, 0.83)}
+# Those two thresholds are MiniLM's; models whose cosines sit in another band get theirs, at the same
+# quantiles of what unrelated turns score on the LoCoMo dev questions (benchmarks/similarity_bands.py:
+# MiniLM's 0.35 and 0.5 lie at their 77th and 97th percentiles, e5's 0.80 and 0.84 there; e5 puts the
+# median unrelated turn at 0.78 where MiniLM puts it at 0.25).
+SIMILARITY_BANDS = {"multilingual-e5-small-q4": (0.80, 0.84)}
 NEIGHBOUR_SHARE = 0.5
 HEADER = "## Retrieved from earlier in this conversation (verbatim, oldest first)"
 OTHER_HEADER = "## Retrieved from this user's other conversations (verbatim)"
@@ -249,8 +250,12 @@ class RetrievalSection:
         recent = {positions[i.node_id] for i in build.window if i.node_id in positions}
         recent |= {positions[i.node_id] for i in (*build.current, *build.system) if i.node_id in positions}
         groups: list[_Group] = []
+        # The user's other conversations hold a closer match than anything old here: keep them room
+        # (else this conversation's weaker groups could fill the allowance first).
+        other_best = max((h.score for h in found.other.semantic), default=0.0) if found.other else 0.0
+        keep = allowance // 2 if other_best > max(found.best_similarity, self.band[0]) else 0
         if "skipped" not in detail:
-            groups = self._groups(build, path, positions, found.on_path, recent, allowance)
+            groups = self._groups(build, path, positions, found.on_path, recent, allowance - keep)
         others: list[_Group] = []
         if found.other is not None:
             room = allowance - sum(g.tokens for g in groups) - build.tokenizer.count(OTHER_HEADER)
