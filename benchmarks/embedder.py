@@ -2,6 +2,7 @@
 
     python benchmarks/embedder.py               # full run, about 1 minute
     python benchmarks/embedder.py --rounds 1    # smoke run
+    python benchmarks/embedder.py --compare-models   # MiniLM int8 and multilingual-e5-small side by side
 
 What runs, all in this process: one `OnnxEmbedder` per (threads, batch_size) in threads 1, 2 x batch
 sizes 1, 8, 16, 32, 64, each with its own ONNX session, over ~200 generated chat messages of 10-60 words.
@@ -32,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from gateway.adapters.onnx_embedder import OnnxEmbedder
 
@@ -170,6 +172,66 @@ async def measure(rounds: int, texts: list[str], queries: int) -> dict[str, obje
     return {"rows": rows, "query": query}
 
 
+async def compare_models(rounds: int, texts: list[str], queries: int) -> str:
+    """Both local models at the gateway's defaults, side by side: single messages and the three-message
+    windows the index also embeds, the request path's `embed_query`, and the memory each load added."""
+    from gateway.adapters.e5_embedder import E5Embedder
+    from gateway.config import LocalEmbedderConfig
+
+    defaults = LocalEmbedderConfig()
+    windows = ["\n".join(texts[i : i + 3]) for i in range(len(texts))]
+    loaders = {
+        "all-MiniLM-L6-v2-int8": lambda: OnnxEmbedder.load(defaults.threads, defaults.batch_size),
+        "multilingual-e5-small-q4": lambda: E5Embedder.load(defaults.threads, defaults.batch_size),
+    }
+    models: dict[str, Any] = {}
+    rss: dict[str, float] = {}
+    for name, load in loaders.items():
+        before = _rss_mb()
+        models[name] = load()
+        await models[name].embed(texts[:16])  # warm-up
+        rss[name] = _rss_mb() - before
+    seconds: dict[tuple[str, str], list[float]] = {(m, k): [] for m in models for k in ("single", "window")}
+    query_ms: dict[str, list[float]] = {m: [] for m in models}
+    names = list(models)
+    for number in range(rounds):
+        for name in names if number % 2 == 0 else names[::-1]:
+            for kind, batch in (("single", texts), ("window", windows)):
+                started = time.perf_counter()
+                await models[name].embed(batch)
+                seconds[(name, kind)].append(time.perf_counter() - started)
+    for number in range(queries):
+        for name in names if number % 2 == 0 else names[::-1]:
+            started = time.perf_counter()
+            await models[name].embed_query(QUERY)
+            query_ms[name].append((time.perf_counter() - started) * 1000)
+    lines = [
+        f"threads {defaults.threads}, batch {defaults.batch_size}; {len(texts)} messages and as many "
+        f"3-message windows; {rounds} rounds (median), {queries} queries each, interleaved",
+        "",
+        "| model | messages/s | windows/s | query p50 ms | query p95 ms | RSS added MB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in names:
+        values = sorted(query_ms[name])
+        lines.append(
+            f"| {name} | {len(texts) / statistics.median(seconds[(name, 'single')]):.0f} "
+            f"| {len(windows) / statistics.median(seconds[(name, 'window')]):.0f} "
+            f"| {statistics.median(values):.2f} | {values[int(len(values) * 0.95)]:.2f} | {rss[name]:.0f} |"
+        )
+    for model in models.values():
+        await model.aclose()
+    return "\n".join(lines)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def table(results: dict[str, object], texts: list[str]) -> str:
     words = [len(t.split()) for t in texts]
     lines = [
@@ -202,8 +264,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--texts", type=int, default=200)
     parser.add_argument("--queries", type=int, default=200, help="one-text calls per thread count")
+    parser.add_argument(
+        "--compare-models", action="store_true", help="both local models side by side at the defaults"
+    )
     args = parser.parse_args()
     texts = chat_messages(args.texts)
+    if args.compare_models:
+        print(asyncio.run(compare_models(args.rounds, texts, args.queries)))
+        return
     results = asyncio.run(measure(args.rounds, texts, args.queries))
     results.update(
         rounds=args.rounds,

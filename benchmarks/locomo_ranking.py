@@ -71,9 +71,9 @@ def capture(keep: Path, data: Path) -> list[dict[str, Any]]:
         return found
 
     def hooked_groups(
-        self: Any, build: Any, path: Any, positions: Any, ranked: Any, recent: Any, allowance: int
+        self: Any, build: Any, path: Any, positions: Any, ranked: Any, recent: Any, allowance: int, dates: Any
     ) -> Any:
-        out = groups(self, build, path, positions, ranked, recent, allowance)
+        out = groups(self, build, path, positions, ranked, recent, allowance, dates)
         # The builder may propose twice (its second pass): the last proposal is the one sent.
         records[-1].update(recent=sorted(recent), allowance=allowance, above=list(build.above))
         return out
@@ -209,7 +209,7 @@ def replay(
         ranked = rank(record, path, positions, recent)
         build = _Build(tokenizer, record["above"])
         groups = section._groups(
-            build, path, positions, ranked, recent_positions, int(record["allowance"] * room)
+            build, path, positions, ranked, recent_positions, int(record["allowance"] * room), {}
         )
         shown = recent_positions | {i for g in groups for i in range(g.start, g.end + 1)}
         contents = {dia: content for dia, _, content, _ in samples[question["sample"]].turns}

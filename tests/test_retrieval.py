@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from gateway.adapters.lance_index import LanceIndex
+from gateway.fakes.openai_upstream import Reply
 from gateway.records import SearchQuery
 from gateway.wiring import index_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
@@ -494,3 +495,36 @@ def test_a_fresh_agent_loop_is_dated(upstream: Upstream, make_gateway: Callable[
     raw = say(gateway, messages)  # the question, its tool call and the result: all said just now
     stored = api(gateway, f"/conversations/{raw.headers['x-conversation-id']}/messages")["data"]
     assert len(stored) == 4 and not any(m["meta"].get("undated") for m in stored)
+
+
+def test_a_group_spanning_two_days_shows_each_messages_own_day(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    clock = Clock(datetime(2026, 3, 2, 18, 0, tzinfo=UTC))
+    gateway = gateway_with(make_gateway, upstream, clock=clock, retrieval={"neighbours": 1})
+    client = gateway.client()
+    thin = {"X-Conversation-Id": "trip"}
+
+    def chat(text: str) -> None:
+        upstream.fake.enqueue(Reply(content="Noted."))  # answers that do not repeat the question
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": text}], extra_headers=thin
+        )
+
+    for exchange in range(4):
+        chat(filler(1, exchange)[0]["content"])
+    chat("Good night, more tomorrow.")  # the day's last message, just before the hit
+    clock.now = datetime(2026, 3, 3, 9, 0, tzinfo=UTC)
+    chat("The flight code for the Lisbon trip is TP-8841.")  # the next day's first: its neighbour is older
+    for exchange in range(30):  # past the 400-token budget, so the request is rebuilt
+        chat(filler(1, exchange + 4)[0]["content"])
+    clock.now = datetime(2026, 3, 9, 9, 0, tzinfo=UTC)
+    wait_for_jobs(gateway)
+    chat("Which flight code did we get for the Lisbon trip?")
+    block = injected(upstream)
+    assert "TP-8841" in block, block
+    # The hit's group starts with the answer before it, from 2 March, then the hit, from 3 March: the
+    # group is labelled with its first message's day and the day changes inside it on a line of its own.
+    hit = block.index("user: The flight code for the Lisbon trip is TP-8841.")
+    assert block[:hit].endswith("assistant: Noted.\n[2026-03-03 09:00]\n"), block
+    assert block.rfind("[2026-03-02 18:00]", 0, hit) >= 0

@@ -70,6 +70,8 @@ class _Found:
     on_path: list[_Candidate] = field(default_factory=list)
     other: SearchResult | None = None
     best_similarity: float = 0.0
+    # Each message's own date, from any hit of it (None: undated); a group is labelled by its messages'.
+    dates: dict[str, datetime | None] = field(default_factory=dict)
     matched_terms: list[str] = field(default_factory=list)
     detail: JSONObject = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -211,6 +213,8 @@ class RetrievalSection:
             default=0.0,
         )
         on_path = _smoothed(hits, path, positions, recent)
+        for hit in (*result.semantic, *result.keyword):
+            found.dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
         texts = {c.node_id: message_text(path[positions[c.node_id]].message).lower() for c in on_path}
         found.matched_terms = sorted(
             {t for t in facts.terms for text in texts.values() if contains_term(text, t)}
@@ -255,7 +259,9 @@ class RetrievalSection:
         other_best = max((h.score for h in found.other.semantic), default=0.0) if found.other else 0.0
         keep = allowance // 2 if other_best > max(found.best_similarity, self.band[0]) else 0
         if "skipped" not in detail:
-            groups = self._groups(build, path, positions, found.on_path, recent, allowance - keep)
+            groups = self._groups(
+                build, path, positions, found.on_path, recent, allowance - keep, found.dates
+            )
         others: list[_Group] = []
         if found.other is not None:
             room = allowance - sum(g.tokens for g in groups) - build.tokenizer.count(OTHER_HEADER)
@@ -395,6 +401,7 @@ class RetrievalSection:
         ranked: Sequence[_Candidate],
         recent: set[int],
         allowance: int,
+        dates: dict[str, datetime | None],
     ) -> list[_Group]:
         n = self.config.neighbours
         taken: set[int] = set(recent)
@@ -419,19 +426,25 @@ class RetrievalSection:
             start, end = _tool_safe(path, start, end)
             if any(i in taken for i in range(start, end + 1)):
                 continue  # a tool step could not be kept whole here
-            group = _Group(start, end, candidate.score, candidate.created_at)
+            # Labelled by the first of its messages whose date a search returned, not by the hit's: a
+            # neighbour may be from another day (the end of one session, the start of the next).
+            span_ids = [path[i].node_id for i in range(start, end + 1)]
+            when = next((dates[i] for i in span_ids if i is not None and i in dates), candidate.created_at)
+            group = _Group(start, end, candidate.score, when)
             # Groups of one day share a date line: only the first of a day pays for it. A group costs its
             # lines and the breaks between them (each message's line counted once, see `_line_tokens`);
             # the section's whole text is counted exactly at the end.
-            day = _day(candidate.created_at)
+            day = _day(when)
             date_line = DATE_LINE_TOKENS if day not in days else 0
             group.tokens = sum(self._line_tokens(build, path[i]) + 1 for i in range(start, end + 1))
             group.tokens += SEPARATOR_TOKENS - 1
+            lines, changes = _dated_lines(path, start, end, dates, day)
+            group.tokens += changes * DATE_LINE_TOKENS
             if used + group.tokens + date_line > allowance:
                 if allowance - used < MIN_GROUP_TOKENS:
                     break  # nothing more fits
                 continue  # a smaller, lower-ranked group may still fit
-            group.text = _lines(path, start, end)
+            group.text = lines
             used += group.tokens + date_line
             days.add(day)
             taken.update(range(start, end + 1))
@@ -528,7 +541,8 @@ def _smoothed(
             node_id = path[near].node_id if 0 <= near < len(path) else None
             if node_id is None or node_id in recent:
                 continue
-            neighbour = by_position.setdefault(near, _Candidate(node_id, created_at=hit.created_at))
+            # Its own date only (a neighbour may be from another day): the group finds one later.
+            neighbour = by_position.setdefault(near, _Candidate(node_id))
             neighbour.score += NEIGHBOUR_SHARE * hit.score
     return list(by_position.values())
 
@@ -542,6 +556,22 @@ def _tool_safe(path: list[HistoryItem], start: int, end: int) -> tuple[int, int]
     while end + 1 < len(path) and path[end + 1].message.get("role") == "tool":
         end += 1
     return start, end
+
+
+def _dated_lines(
+    path: list[HistoryItem], start: int, end: int, dates: dict[str, datetime | None], day: date | None
+) -> tuple[str, int]:
+    """The group's lines, with a date line where its messages' own dates (as far as known) move to
+    another day than the group's label says; returns the text and how many date lines it holds."""
+    lines: list[str] = []
+    changes = 0
+    for item in path[start : end + 1]:
+        if item.node_id is not None and item.node_id in dates and _day(dates[item.node_id]) != day:
+            day = _day(dates[item.node_id])
+            lines.append(f"[{_when(dates[item.node_id])}]")
+            changes += 1
+        lines.append(_line(item))
+    return "\n".join(lines), changes
 
 
 def _lines(path: list[HistoryItem], start: int, end: int) -> str:
