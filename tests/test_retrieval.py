@@ -31,16 +31,25 @@ SMALL = {"budget_tokens": 400}
 MODELS = [None, "multilingual-e5-small-q4"]  # the default local model and the multilingual one
 
 
-@pytest.fixture(params=MODELS, ids=["minilm", "e5"])
-def make_gateway(
-    request: pytest.FixtureRequest, make_gateway: Callable[..., Gateway]
-) -> Callable[..., Gateway]:
-    """Every test here runs with each local embedding model."""
+# Tests of the builder's budgeting over long messages: the model changes nothing there, and e5 embeds
+# 2,000-character texts at about one a second on one thread (BENCHMARKS.md), minutes per test.
+BUDGETING_ONLY = pytest.mark.budgeting_only
 
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test here runs with each local embedding model (budgeting-only tests with the default)."""
+    if "embedder_model" in metafunc.fixturenames:
+        one = metafunc.definition.get_closest_marker("budgeting_only") is not None
+        models = MODELS[:1] if one else MODELS
+        metafunc.parametrize("embedder_model", models, ids=["minilm", "e5"][: len(models)])
+
+
+@pytest.fixture
+def make_gateway(embedder_model: str | None, make_gateway: Callable[..., Gateway]) -> Callable[..., Gateway]:
     def factory(tenants: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Gateway:
         for t in tenants:
             retrieval = t.setdefault("retrieval", {})
-            retrieval.setdefault("embedder", {}).setdefault("model", request.param)
+            retrieval.setdefault("embedder", {}).setdefault("model", embedder_model)
         return make_gateway(tenants, *args, **kwargs)
 
     return factory
@@ -393,6 +402,7 @@ def test_a_time_reference_in_the_question_filters_by_date(
     assert "we chose Postgres as the database" in injected(upstream)
 
 
+@BUDGETING_ONLY
 def test_budget_left_by_retrieval_goes_to_the_recent_window(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
@@ -426,6 +436,7 @@ def test_budget_left_by_retrieval_goes_to_the_recent_window(
     }
 
 
+@BUDGETING_ONLY
 def test_the_newest_two_exchanges_stay_whatever_retrieval_asks_for(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:

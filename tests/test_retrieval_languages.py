@@ -48,14 +48,21 @@ CHATS = {
 }
 
 
+@pytest.mark.parametrize("model", [None, "multilingual-e5-small-q4"], ids=["minilm", "e5"])
 @pytest.mark.parametrize("language", ["zh", "ko"])
 def test_old_turns_are_found_in_chinese_and_korean(
-    language: str, upstream: Upstream, make_gateway: Callable[..., Gateway]
+    language: str, model: str | None, upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
     chat = CHATS[language]
     filler = list(chat["filler"])
     clock = Clock(datetime(2026, 3, 2, 10, 0, tzinfo=UTC))  # a Monday
-    gateway = gateway_with(make_gateway, upstream, clock=clock, context={"budget_tokens": 1_200})
+    gateway = gateway_with(
+        make_gateway,
+        upstream,
+        clock=clock,
+        context={"budget_tokens": 1_200},
+        retrieval={"embedder": {"model": model}},
+    )
     client = gateway.client()
     thin = {"X-Conversation-Id": f"work-{language}"}
 
