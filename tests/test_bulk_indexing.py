@@ -220,9 +220,13 @@ def test_jobs_of_long_messages_are_bounded_by_their_texts_size(database_url: str
             embedder, index = HashingEmbedder(8), MemoryIndex()
             handler = EmbedHandler(store, {"acme": IndexTarget(embedder, index, 64)}.get, store.jobs)
             await store.jobs.enqueue(EmbedWork(conversation_id, messages[-1].id, 40).job("acme"))
+            first = True
             while jobs := await store.jobs.lease("w", [EMBED], 60):
                 await handler(jobs[0])
                 await store.jobs.complete(jobs[0], "w")
+                if first:  # texts first, here too: every message findable by keyword after one job
+                    assert len({r.row.node_id for r in index.rows.values() if r.row.view == "m"}) == 40
+                    first = False
             # 40 messages of ~2,500 characters: far past BATCH_CHARS in one job, so several jobs, each
             # within it (its texts counted up to TEXT_COST_CHARS each, as the models read no further).
             assert len(embedder.calls) > 3

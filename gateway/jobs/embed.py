@@ -119,6 +119,10 @@ class EmbedHandler:
             return  # deleted meanwhile
         path, conversation_id, user_id = found
         count = _within_chars(job.tenant, path, count)
+        if work.mode == "all" and work.count > count:
+            # Long messages make even a short stretch too large for one job: texts first here too.
+            await self._texts(job.tenant, target, replace(work, mode="texts"))
+            work = replace(work, mode="vectors")
         rows = index_rows(job.tenant, user_id, path, count)
         if rows:
             try:
