@@ -79,14 +79,17 @@ def index_rows(tenant: str, user_id: str | None, path: Sequence[StoredMessage], 
     return rows
 
 
-def _within_chars(tenant: str, path: Sequence[StoredMessage], count: int) -> int:
-    """How many of the `count` newest messages of `path` one job embeds: at least one, and no more than
-    BATCH_CHARS of texts."""
-    rows = index_rows(tenant, None, path, count)
+def _owner(row: IndexRow) -> str:
+    """The message whose arrival made `row`: a "w" row (keyed by its child) is the child's."""
+    return row.id.split(":")[2] if row.view == "w" else row.node_id
+
+
+def _within_chars(rows: Sequence[IndexRow], path: Sequence[StoredMessage], count: int) -> int:
+    """How many of the `count` newest messages of `path` (whose rows are `rows`) one job embeds: at
+    least one, and no more than BATCH_CHARS of texts."""
     cost: dict[str, int] = {}
-    for r in rows:  # a "w" row is keyed by its child: it is the child's work
-        owner = r.id.split(":")[2] if r.view == "w" else r.node_id
-        cost[owner] = cost.get(owner, 0) + min(len(r.text), TEXT_COST_CHARS)
+    for r in rows:
+        cost[_owner(r)] = cost.get(_owner(r), 0) + min(len(r.text), TEXT_COST_CHARS)
     total = 0
     for taken, message in enumerate(reversed(path[len(path) - count :])):
         total += cost.get(message.node.id, 0)
@@ -109,21 +112,20 @@ class EmbedHandler:
         if work.mode == "texts":
             await self._texts(job.tenant, target, work)
             return
-        if work.mode == "all" and work.count > target.batch_messages:
-            # Too large for one job: every message findable by keyword first, then the vectors in batches.
-            await self._texts(job.tenant, target, replace(work, mode="texts"))
-            work = replace(work, mode="vectors")
         count = min(work.count, target.batch_messages)
         found = await self._read(job.tenant, work, count)
         if found is None:
             return  # deleted meanwhile
         path, conversation_id, user_id = found
-        count = _within_chars(job.tenant, path, count)
+        rows = index_rows(job.tenant, user_id, path, count)
+        count = _within_chars(rows, path, count)
+        kept = {m.node.id for m in path[len(path) - count :]}
+        rows = [r for r in rows if _owner(r) in kept]
         if work.mode == "all" and work.count > count:
-            # Long messages make even a short stretch too large for one job: texts first here too.
+            # Too large for one job (many messages, or long ones): every message findable by keyword
+            # first, then the vectors in batches.
             await self._texts(job.tenant, target, replace(work, mode="texts"))
             work = replace(work, mode="vectors")
-        rows = index_rows(job.tenant, user_id, path, count)
         if rows:
             try:
                 vectors = await target.embedder.embed([r.text for r in rows])
