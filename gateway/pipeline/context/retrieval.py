@@ -438,13 +438,13 @@ class RetrievalSection:
             date_line = DATE_LINE_TOKENS if day not in days else 0
             group.tokens = sum(self._line_tokens(build, path[i]) + 1 for i in range(start, end + 1))
             group.tokens += SEPARATOR_TOKENS - 1
-            lines, changes = _dated_lines(path, start, end, dates, day)
-            group.tokens += changes * DATE_LINE_TOKENS
+            marks = _day_changes(path, start, end, dates, day)
+            group.tokens += len(marks) * DATE_LINE_TOKENS
             if used + group.tokens + date_line > allowance:
                 if allowance - used < MIN_GROUP_TOKENS:
                     break  # nothing more fits
                 continue  # a smaller, lower-ranked group may still fit
-            group.text = lines
+            group.text = _lines(path, start, end, marks)
             used += group.tokens + date_line
             days.add(day)
             taken.update(range(start, end + 1))
@@ -558,24 +558,30 @@ def _tool_safe(path: list[HistoryItem], start: int, end: int) -> tuple[int, int]
     return start, end
 
 
-def _dated_lines(
+def _day_changes(
     path: list[HistoryItem], start: int, end: int, dates: dict[str, datetime | None], day: date | None
-) -> tuple[str, int]:
-    """The group's lines, with a date line where its messages' own dates (as far as known) move to
-    another day than the group's label says; returns the text and how many date lines it holds."""
+) -> dict[int, datetime | None]:
+    """Where inside [start, end] its messages' own dates (as far as known) move to another day than the
+    group's label says: position -> the date to show on a line before it."""
+    marks: dict[int, datetime | None] = {}
+    for i in range(start, end + 1):
+        node_id = path[i].node_id
+        if node_id is not None and node_id in dates and _day(dates[node_id]) != day:
+            day = _day(dates[node_id])
+            marks[i] = dates[node_id]
+    return marks
+
+
+def _lines(
+    path: list[HistoryItem], start: int, end: int, marks: dict[int, datetime | None] | None = None
+) -> str:
+    """The messages' lines, with a date line before each position in `marks`."""
     lines: list[str] = []
-    changes = 0
-    for item in path[start : end + 1]:
-        if item.node_id is not None and item.node_id in dates and _day(dates[item.node_id]) != day:
-            day = _day(dates[item.node_id])
-            lines.append(f"[{_when(dates[item.node_id])}]")
-            changes += 1
-        lines.append(_line(item))
-    return "\n".join(lines), changes
-
-
-def _lines(path: list[HistoryItem], start: int, end: int) -> str:
-    return "\n".join(_line(item) for item in path[start : end + 1])
+    for i in range(start, end + 1):
+        if marks and i in marks:
+            lines.append(f"[{_when(marks[i])}]")
+        lines.append(_line(path[i]))
+    return "\n".join(lines)
 
 
 def _line(item: HistoryItem) -> str:
