@@ -224,8 +224,9 @@ class Embedder(Protocol):
 class VectorIndex(Protocol):
     """Message texts and their vectors (LanceDB): semantic and full-text search, always tenant-filtered.
 
-    Rows are added with their vectors, or with none when the embedder failed (keyword search still finds
-    them) and `set_vectors` fills them in later. Both are idempotent (keyed by `IndexRow.id`).
+    Rows are added with their vectors, or with none (texts first for a long stretch, or the embedder
+    failed: keyword search still finds them); adding them again with vectors fills those in, as
+    `set_vectors` does by id. Both are idempotent (keyed by `IndexRow.id`).
     """
 
     async def add(self, rows: Sequence[IndexRow]) -> None:
