@@ -27,7 +27,7 @@ class MemoryStore(Protocol):
         """The memories of these ids that exist in the tenant, in no particular order."""
         ...
 
-    async def list(self, tenant: str, where: MemoryFilter) -> list[Memory]:
+    async def find(self, tenant: str, where: MemoryFilter) -> list[Memory]:
         """Newest first (by `updated_at`)."""
         ...
 
