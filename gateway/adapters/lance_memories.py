@@ -1,0 +1,352 @@
+"""MemoryVectors over LanceDB: the memory writer upserts active memories, recall searches them.
+
+One table per embedding model, beside the message index and built the same way (`lance_index`): the
+asyncio API, `lancedb.expr` filters (ids holding quotes or backslashes can neither break a filter nor
+widen it), CJK runs indexed as bigrams, the same full-text configuration and query objects. Memory
+tables are small (hundreds of rows per user), so there is no vector cache and no compaction scheduling
+beyond compacting every few writes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, timedelta
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+import lancedb
+import numpy as np
+import pyarrow as pa
+from lancedb.expr import Expr, col, lit
+from lancedb.index import FTS, Bitmap, BTree, IndexConfig
+from lancedb.table import AsyncTable
+
+from gateway.adapters.lance_index import (
+    _ENGINE_ERRORS,
+    _KEEP_VERSIONS,
+    FTS_CONFIG,
+    _sql_string,
+    _vector_array,
+    keyword_query,
+    table_name,
+)
+from gateway.adapters.vector_cache import from_micros
+from gateway.errors import SearchIndexError
+from gateway.memory.records import MemoryHit, MemoryQuery, MemoryRow, MemorySearchResult
+from gateway.pipeline.text import cjk_bigrams
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Each write is a fragment of its own until compacted, and searches pay for each one; memory writes are
+# small and frequent (a few rows per extraction), so compact after this many of them.
+OPTIMIZE_EVERY_WRITES = 20
+_HIT_COLUMNS = ["id", "scope", "created_at"]
+# The row key. The tenant is part of it so that an upsert can never replace another tenant's row,
+# whatever ids it carries (memory ids are unique anyway; this makes isolation not depend on it).
+_KEY = ["id", "tenant"]
+
+
+def schema(dimensions: int) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("id", pa.string(), nullable=False),
+            pa.field("tenant", pa.string(), nullable=False),
+            pa.field("user_id", pa.string(), nullable=False),
+            pa.field("scope", pa.string(), nullable=False),
+            pa.field("type", pa.string(), nullable=False),
+            pa.field("text", pa.string(), nullable=False),
+            pa.field("created_at", pa.timestamp("us", tz="UTC"), nullable=False),
+            # Nullable: a memory is searchable by keyword even when its embedding failed.
+            pa.field("vector", pa.list_(pa.float32(), dimensions), nullable=True),
+        ]
+    )
+
+
+def _index_configs() -> dict[str, BTree | Bitmap | FTS]:
+    # As the message index: a bitmap for the few tenants, BTrees for the many users and the merge key.
+    return {"id": BTree(), "tenant": Bitmap(), "user_id": BTree(), "text": FTS_CONFIG}
+
+
+def _missing_indexes(existing: Iterable[IndexConfig]) -> dict[str, BTree | Bitmap | FTS]:
+    indexed = {column for index in existing for column in index.columns}
+    return {column: config for column, config in _index_configs().items() if column not in indexed}
+
+
+def _rows_table(rows: Sequence[MemoryRow], target: pa.Schema, dimensions: int) -> pa.Table:
+    unique = list({(r.id, r.tenant): r for r in rows}.values())  # a merge source must not repeat a key
+    return pa.table(
+        {
+            "id": [r.id for r in unique],
+            "tenant": [r.tenant for r in unique],
+            "user_id": [r.user_id for r in unique],
+            "scope": [r.scope for r in unique],
+            "type": [r.type for r in unique],
+            # CJK runs as bigrams, as `keyword_query` spells the question (see lance_index).
+            "text": [cjk_bigrams(r.text) for r in unique],
+            # Naive datetimes are taken as UTC, as the store writes them.
+            "created_at": [
+                r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC) for r in unique
+            ],
+            "vector": _vector_array([r.vector for r in unique], dimensions),
+        },
+        schema=target,
+    )
+
+
+def _filter(query: MemoryQuery) -> Expr:
+    return (
+        (col("tenant") == lit(query.tenant))
+        & (col("user_id") == lit(query.user_id))
+        & col("scope").isin([lit(scope) for scope in dict.fromkeys(query.scopes)])
+    )
+
+
+def _hits(result: pa.Table, score: Callable[[float], float], column: str) -> list[MemoryHit]:
+    micros = result.column("created_at").cast(pa.int64()).to_pylist()
+    data = result.select(["id", "scope", column]).to_pydict()
+    hits = [
+        MemoryHit(memory_id, scope, from_micros(at), score(raw))
+        for memory_id, scope, at, raw in zip(data["id"], data["scope"], micros, data[column], strict=True)
+    ]
+    hits.sort(key=lambda h: h.score, reverse=True)  # the engine's order already; kept whatever it does
+    return hits
+
+
+class LanceMemoryVectors:
+    """Memories' texts and vectors in one LanceDB table. Build with `LanceMemoryVectors.open`."""
+
+    def __init__(
+        self,
+        uri: str,
+        name: str,
+        dimensions: int,
+        *,
+        storage_options: dict[str, str] | None = None,
+        consistency: timedelta = timedelta(0),
+        indexes_ready: bool = True,
+        optimize_every_writes: int = OPTIMIZE_EVERY_WRITES,
+    ) -> None:
+        self.uri = uri
+        self.name = name
+        self.dimensions = dimensions
+        self._storage_options = storage_options
+        self._consistency = consistency
+        self._schema = schema(dimensions)
+        self._table: AsyncTable | None = None
+        self._connection: lancedb.AsyncConnection | None = None
+        self._indexes_ready = indexes_ready
+        self._optimize_every_writes = optimize_every_writes
+        self._writes = 0
+        self._optimizing = False
+
+    @classmethod
+    def open(
+        cls,
+        uri: str,
+        table: str,
+        dimensions: int,
+        *,
+        storage_options: dict[str, str] | None = None,
+        consistency: timedelta = timedelta(0),
+        optimize_every_writes: int = OPTIMIZE_EVERY_WRITES,
+    ) -> LanceMemoryVectors:
+        """Open (creating if missing) the table `table` under `uri`, a local directory or an object-store
+        URI (`s3://...`, with `storage_options`); `consistency` as for `LanceIndex.open`."""
+        name = table_name(table)
+        try:
+            # Start-up only: the blocking API, since this may run inside or outside an event loop.
+            db = lancedb.connect(uri, read_consistency_interval=consistency, storage_options=storage_options)
+            try:
+                created = db.open_table(name)
+            except ValueError:  # not there yet; exist_ok: another replica may be creating it right now
+                created = db.create_table(name, schema=schema(dimensions), exist_ok=True)
+            found = created.schema.field("vector").type
+            if not pa.types.is_fixed_size_list(found) or found.list_size != dimensions:
+                raise SearchIndexError(
+                    f"memory table {name!r} holds vectors of type {found}, not {dimensions}-d"
+                )
+            ready = True
+            try:
+                for column, config in _missing_indexes(created.list_indices()).items():
+                    created.create_index(column, config=config)
+            except _ENGINE_ERRORS as exc:
+                # Some engine versions refuse to index an empty table: retried after the first upsert.
+                log.info("memory table %s: indexes deferred until it has rows (%s)", name, exc)
+                ready = False
+        except _ENGINE_ERRORS as exc:
+            raise SearchIndexError(f"cannot open memory table {name!r} at {uri}: {exc}") from exc
+        return cls(
+            uri,
+            name,
+            dimensions,
+            storage_options=storage_options,
+            consistency=consistency,
+            indexes_ready=ready,
+            optimize_every_writes=optimize_every_writes,
+        )
+
+    @asynccontextmanager
+    async def _translated(self, action: str) -> AsyncIterator[None]:
+        try:
+            yield
+        except _ENGINE_ERRORS as exc:
+            raise SearchIndexError(f"memory index {action} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def _open(self) -> AsyncTable:
+        """The asyncio table handle, opened in the running loop on first use."""
+        if self._table is None:
+            async with self._translated("open"):
+                self._connection = await lancedb.connect_async(
+                    self.uri,
+                    read_consistency_interval=self._consistency,
+                    storage_options=self._storage_options,
+                )
+                self._table = await self._connection.open_table(self.name)
+        return self._table
+
+    async def _engine(self, action: str, operation: Callable[[AsyncTable], Awaitable[T]]) -> T:
+        table = await self._open()
+        async with self._translated(action):
+            return await operation(table)
+
+    # -- writes (the memory writer) -------------------------------------------------------------------
+
+    async def upsert(self, rows: Sequence[MemoryRow]) -> None:
+        if not rows:
+            return
+        data = await anyio.to_thread.run_sync(_rows_table, rows, self._schema, self.dimensions)
+
+        async def merge(table: AsyncTable) -> None:
+            # Matched rows are replaced whole: an edited memory's old words and vector must not be found.
+            await (
+                table.merge_insert(_KEY)
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(data, on_bad_vectors="null")
+            )
+            if not self._indexes_ready:
+                for column, config in _missing_indexes(await table.list_indices()).items():
+                    await table.create_index(column, config=config)
+                self._indexes_ready = True
+
+        await self._engine("upsert", merge)
+        await self._wrote()
+
+    async def delete(self, tenant: str, memory_ids: Sequence[str]) -> None:
+        if not memory_ids:
+            return
+        where = (col("tenant") == lit(tenant)) & col("id").isin([lit(i) for i in dict.fromkeys(memory_ids)])
+        await self._engine("delete", lambda table: table.delete(where))
+        await self._wrote()
+
+    async def delete_user(self, tenant: str, user_id: str) -> None:
+        where = (col("tenant") == lit(tenant)) & (col("user_id") == lit(user_id))
+        await self._engine("delete_user", lambda table: table.delete(where))
+        await self._wrote()
+
+    async def _wrote(self) -> None:
+        """Count a write; compact once enough have piled up, in the writer's own call (never a search's)."""
+        self._writes += 1
+        if self._writes < self._optimize_every_writes or self._optimizing:
+            return
+        try:
+            await self.optimize()
+        except SearchIndexError as exc:
+            # The write itself succeeded: failing it would only make the writer redo it. A later write
+            # tries again (e.g. after a commit conflict with another replica compacting).
+            log.warning("memory index %s: compaction failed, retried later: %s", self.name, exc)
+
+    async def optimize(self) -> None:
+        """Merge small fragments, add new rows to the indexes, drop versions older than a minute."""
+        if self._optimizing:
+            return
+        self._optimizing = True
+        try:
+            await self._engine("optimize", lambda table: table.optimize(cleanup_older_than=_KEEP_VERSIONS))
+        finally:
+            self._optimizing = False
+            self._writes = 0
+
+    # -- reads (recall, on the request path) ----------------------------------------------------------
+
+    async def search(self, query: MemoryQuery) -> MemorySearchResult:
+        if query.limit <= 0 or not query.scopes:
+            return MemorySearchResult()
+        where = _filter(query)
+        vector = None
+        if query.vector is not None:
+            if len(query.vector) != self.dimensions:
+                raise SearchIndexError(
+                    f"query vector of {len(query.vector)} dimensions for an index of {self.dimensions}"
+                )
+            vector = np.asarray(query.vector, dtype=np.float32)
+        text = keyword_query(query.text)
+
+        async def semantic(table: AsyncTable) -> list[MemoryHit]:
+            if vector is None:
+                return []
+            # Prefiltered (the default): top-k among the user's rows in these scopes; rows without a
+            # vector are skipped by the engine.
+            result = await (
+                table.query()
+                .nearest_to(vector)
+                .distance_type("cosine")
+                .where(where)
+                .limit(query.limit)
+                .select([*_HIT_COLUMNS, "_distance"])
+                .to_arrow()
+            )
+            return _hits(result, lambda distance: 1.0 - distance, "_distance")
+
+        async def keyword(table: AsyncTable) -> list[MemoryHit]:
+            if text is None:
+                return []
+            result = await (
+                table.query()
+                .nearest_to_text(text)
+                .where(where)
+                .limit(query.limit)
+                .select([*_HIT_COLUMNS, "_score"])
+                .to_arrow()
+            )
+            return _hits(result, float, "_score")
+
+        found: dict[str, list[MemoryHit]] = {}
+        failures: list[SearchIndexError] = []
+        table = await self._open()
+
+        async def run(kind: str, ranking: Callable[[AsyncTable], Awaitable[list[MemoryHit]]]) -> None:
+            try:
+                found[kind] = await ranking(table)
+            except _ENGINE_ERRORS as exc:
+                # Kept, not raised inside the group: the caller gets one SearchIndexError, not a group.
+                failures.append(SearchIndexError(f"memory index search failed: {type(exc).__name__}: {exc}"))
+                failures[-1].__cause__ = exc
+
+        # Both rankings at once: the engine runs each on its own threads.
+        async with anyio.create_task_group() as group:
+            group.start_soon(run, "semantic", semantic)
+            group.start_soon(run, "keyword", keyword)
+        if failures:
+            raise failures[0]
+        return MemorySearchResult(found["semantic"], found["keyword"])
+
+    async def count(self, tenant: str, user_id: str | None = None) -> int:
+        # count_rows takes SQL text only, so the ids are quoted here (`_sql_string`), not built as `expr`.
+        where = f"tenant = '{_sql_string(tenant)}'"
+        if user_id is not None:
+            where += f" AND user_id = '{_sql_string(user_id)}'"
+        return await self._engine("count", lambda table: table.count_rows(where))
+
+    async def aclose(self) -> None:
+        if self._table is not None:
+            self._table.close()  # type: ignore[no-untyped-call]
+            self._table = None
+        if self._connection is not None:
+            self._connection.close()  # type: ignore[no-untyped-call]
+            self._connection = None
