@@ -179,6 +179,25 @@ class RetrievalConfig(_Frozen):
     index_batch_messages: int = Field(default=64, ge=1)
 
 
+class MemoryConfig(_Frozen):
+    """Long-term user memory: facts learnt from the user's own turns, recalled in every conversation."""
+
+    enabled: bool = True
+    # Learn new memories in the background (off: memories come only from the API; recall still works).
+    extraction: bool = True
+    model: str | None = None
+    # Seconds after an exchange before its extraction runs: the turns of a lively chat share one call.
+    extract_delay_seconds: float = Field(default=20.0, ge=0)
+    extract_max_turns: int = Field(default=20, ge=1)
+    allowance_tokens: int = Field(default=1_000, gt=0)
+    top_n: int = Field(default=8, ge=1)
+    max_memory_chars: int = Field(default=600, ge=20)
+    project_scopes: bool = True
+    # Whose memory a request without a user id (X-User-Id, `user`) uses; null: such requests get none,
+    # so the users of an app that sends no ids never share one memory.
+    default_user: str | None = Field(default=None, min_length=1, max_length=200)
+
+
 class TenantConfig(_Frozen):
     name: str = Field(min_length=1)
     api_keys: tuple[str, ...] = ()
@@ -188,6 +207,7 @@ class TenantConfig(_Frozen):
     identity: IdentityConfig = IdentityConfig()
     compaction: CompactionConfig = CompactionConfig()
     retrieval: RetrievalConfig = RetrievalConfig()
+    memory: MemoryConfig = MemoryConfig()
 
     @model_validator(mode="after")
     def _keys_or_pass_through(self) -> TenantConfig:

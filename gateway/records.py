@@ -164,6 +164,51 @@ class IndexBacklog:
         return bool(self.unsearchable or self.unembedded)
 
 
+EXTRACT_MEMORY = "extract_memory"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryWork:
+    """An extraction job: learn memories from the user turns of a conversation not read yet.
+
+    One pending job per conversation (the turns arriving meanwhile are read by it); `after` names the
+    message a previous job stopped at when it queued this one for the rest of a long backlog.
+    """
+
+    conversation_id: str
+    user_id: str
+    scope: str  # where memories learnt here go unless they are about the user at large
+    model: str | None
+    after: str | None = None
+
+    def job(self, tenant: str, delay_seconds: float = 0.0) -> NewJob:
+        payload: JSONObject = {
+            "conversation_id": self.conversation_id,
+            "user_id": self.user_id,
+            "scope": self.scope,
+            "model": self.model,
+        }
+        key = f"{EXTRACT_MEMORY}:{self.conversation_id}"
+        if self.after is not None:
+            payload["after"] = self.after
+            key += f":{self.after}"
+        return NewJob(EXTRACT_MEMORY, tenant, payload, key=key, delay_seconds=delay_seconds)
+
+    @classmethod
+    def parse(cls, payload: JSONObject) -> MemoryWork | None:
+        conversation_id, user_id, scope = (payload.get(k) for k in ("conversation_id", "user_id", "scope"))
+        model, after = payload.get("model"), payload.get("after")
+        if not (isinstance(conversation_id, str) and isinstance(user_id, str) and isinstance(scope, str)):
+            return None
+        return cls(
+            conversation_id,
+            user_id,
+            scope,
+            model if isinstance(model, str) else None,
+            after if isinstance(after, str) else None,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     id: str

@@ -28,6 +28,24 @@ class QuestionVector:
     future: asyncio.Future[list[float]]
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryScope:
+    """Whose long-term memory a call reads and feeds, and which of it: the user's own scope and, inside a
+    project, that project's."""
+
+    user_id: str
+    project: str | None = None
+
+    @property
+    def scopes(self) -> tuple[str, ...]:
+        return ("user",) if self.project is None else ("user", self.project)
+
+    @property
+    def scope(self) -> str:
+        """Where a memory learnt in this call goes unless it is about the user at large."""
+        return self.project or "user"
+
+
 @dataclass(slots=True)
 class CallState:
     """What the pipeline steps learn about a call and hand to each other (identify -> build -> persist)."""
@@ -49,6 +67,8 @@ class CallState:
     question: QuestionVector | None = None
     original_tokens: int | None = None
     sent_tokens: int | None = None
+    memory: MemoryScope | None = None  # None: this call neither reads nor feeds memory
+    incognito: bool = False  # the client asked for no memory (X-Gateway-Memory: off)
 
 
 @dataclass(slots=True)

@@ -7,14 +7,22 @@ status: complete, partial or failed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.canonical import chain_hashes
 from gateway.pipeline.compaction import CompactionPolicy
 from gateway.ports import JSONObject, MessageStore, Tokenizers
-from gateway.records import AppendRequest, EmbedWork, NewJob, NewMessage, RequestRecord, compact_job
+from gateway.records import (
+    AppendRequest,
+    EmbedWork,
+    MemoryWork,
+    NewJob,
+    NewMessage,
+    RequestRecord,
+    compact_job,
+)
 
 
 @dataclass(slots=True)
@@ -23,6 +31,8 @@ class PersistStep:
     tokenizers: Tokenizers
     compaction: CompactionPolicy | None = None
     index: bool = False  # enqueue an embed job for the exchange's new messages (retrieval is on)
+    # Seconds before memory extraction reads the exchange's new user turns; None: memory is not learnt.
+    extract_delay: float | None = None
 
     async def __call__(self, call: ChatCall, outcome: ChatOutcome) -> None:
         state = call.state
@@ -55,6 +65,11 @@ class PersistStep:
             # No answer (the upstream failed): the question is indexed all the same, in the same transaction.
             jobs = (EmbedWork(state.conversation_id, state.leaf_id, state.appended).job(call.tenant),)
             answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (), jobs)
+        learn = self._memory_job(call)
+        if learn is not None and state.conversation_id is not None:
+            if answer is None:
+                answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (), ())
+            answer = replace(answer, jobs=(*answer.jobs, learn))
         record = RequestRecord(
             id=call.request_id,
             tenant=call.tenant,
@@ -74,6 +89,23 @@ class PersistStep:
             created_at=datetime.now(UTC),
         )
         await self.store.complete(record, answer)
+
+    def _memory_job(self, call: ChatCall) -> NewJob | None:
+        """Extraction of the user turns this request brought (one pending job per conversation reads
+        them all)."""
+        state = call.state
+        if self.extract_delay is None or state.memory is None or state.conversation_id is None:
+            return None
+        if not state.appended:
+            return None  # nothing new was said (a retry, a regeneration)
+        model = call.body.get("model")
+        work = MemoryWork(
+            state.conversation_id,
+            state.memory.user_id,
+            state.memory.scope,
+            model if isinstance(model, str) else None,
+        )
+        return work.job(call.tenant, self.extract_delay)
 
 
 def _answer_message(outcome: ChatOutcome) -> JSONObject | None:

@@ -19,7 +19,7 @@ from gateway.pipeline.context.budget import Budget, compute_budget
 from gateway.pipeline.context.exchanges import split_current, trim_current
 from gateway.pipeline.context.section import BuildInput, Proposal, Section
 from gateway.pipeline.context.window import RecentWindow, newest_exchanges_tokens
-from gateway.ports import ChatPayload, JSONObject, ModelCatalog, Tokenizer, Tokenizers
+from gateway.ports import JSON, ChatPayload, JSONObject, ModelCatalog, Tokenizer, Tokenizers
 
 REPLY_PRIMING_TOKENS = 3
 WINDOW_FLOOR = 0.25
@@ -33,6 +33,9 @@ class ContextBuilder:
     catalog: ModelCatalog
     # Injected sections in priority order (summary, retrieved history, memory); the window is built in.
     sections: Sequence[Section] = ()
+    # Of those, the ones a history that fits the budget gets too (memory: a new or short conversation
+    # still gets what the gateway knows of the user; its own messages go out as sent).
+    always: Sequence[Section] = ()
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
         state = call.state
@@ -47,6 +50,9 @@ class ContextBuilder:
         original = state.history_tokens + fixed_extra
         state.original_tokens = original
         if original <= budget.input_tokens:
+            added = await self._added(call, tokenizer, budget, original) if self.always else None
+            if added is not None:
+                return ChatPayload({**body, "messages": added})
             state.sent_tokens = original
             state.report = _report(budget, original, original, unchanged=True, sections={}, cut=_cut([], 0))
             return payload
@@ -138,6 +144,34 @@ class ContextBuilder:
             cut=_cut(cut, cut_tokens),
         )  # fmt: skip
         return ChatPayload({**body, "messages": [item.message for item in messages]})
+
+    async def _added(
+        self, call: ChatCall, tokenizer: Tokenizer, budget: Budget, original: int
+    ) -> list[JSON] | None:
+        """The messages of a history that fits, with the `always` sections' block added after its
+        system prompt, within what the budget leaves; None when they have nothing to add."""
+        state = call.state
+        leading = _leading_system(state.items)
+        history, current = split_current(state.items[leading:])
+        build = BuildInput(call, tokenizer, state.items[:leading], history, current, window=history)
+        room = budget.input_tokens - original
+        wanted = [await section.plan(build) for section in self.always]
+        injected, reported = await self._propose(build, wanted, 1.0, room)
+        block, block_tokens = self._block(injected, reported, tokenizer, room)
+        if block is None:
+            return None
+        sent = original + block_tokens
+        state.sent_tokens = sent
+        sections: dict[str, JSONObject] = {
+            "system": {"tokens": known_tokens(build.system), "messages": len(build.system)},
+            **reported,
+            "window": {"tokens": known_tokens(history), "messages": len(history)},
+            "current": {"tokens": known_tokens(current)},
+        }
+        state.report = _report(budget, original, sent, unchanged=False, sections=sections, cut=_cut([], 0))
+        state.report["history_unchanged"] = True
+        messages: list[JSON] = [item.message for item in state.items[:leading]]
+        return [*messages, block, *(item.message for item in state.items[leading:])]
 
     async def _propose(
         self, build: BuildInput, wanted: list[int], scale: float, spare: int

@@ -11,6 +11,7 @@ nothing would be retrieved for it, and nothing is embedded.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.pipeline.call import ChatCall, QuestionVector
@@ -23,10 +24,13 @@ from gateway.ports import ChatPayload, Embedder, JSONObject
 class QuestionPrefetch:
     embedder: Embedder
     budget_tokens: int  # the tenant's input budget: the model's window can only lower it
+    # Says whether memory will be searched for this call even if its history fits (then the question
+    # is embedded whatever its size).
+    remembers: Callable[[ChatCall], bool] | None = None
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
         body = payload.data
-        if len(call.raw) <= self.budget_tokens:
+        if len(call.raw) <= self.budget_tokens and not (self.remembers and self.remembers(call)):
             ident = explicit_identity(call.headers, body)
             if not ident.thin_capable and ident.parent_id is None:
                 return payload  # the whole history is here and fits: the request goes out unchanged

@@ -1,0 +1,195 @@
+"""Memory section of the context builder: what the gateway knows of the user, for this question.
+
+Two parts, within the memory allowance of the one budget: the user's standing preferences and profile
+facts (types preference, profile, constraint: they shape every answer, so they come whatever the
+question), then the memories relevant to the question, found by meaning and by exact terms, fused by
+reciprocal rank with a little weight for recency. Only active memories of the call's user and scopes
+(their own and, inside a project, that project's) are read; a memory no search ranks closely enough is
+left out, so an unrelated question gets only the standing part, or nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from gateway.config import MemoryConfig
+from gateway.errors import EmbeddingError
+from gateway.memory.ports import MemoryStore, MemoryVectors
+from gateway.memory.records import ACTIVE, Memory, MemoryFilter, MemoryHit, MemoryQuery
+from gateway.pipeline.context.section import BuildInput, Proposal
+from gateway.pipeline.text import message_text
+from gateway.ports import JSON, Embedder, JSONObject
+
+STANDING_TYPES = ("preference", "profile", "constraint")
+STANDING_MAX = 12
+STANDING_SHARE = 0.5  # of the allowance, at most: the rest is for what the question needs
+RRF_K = 30
+RECENCY_WEIGHT = 0.004  # at most an eighth of a first rank's fused score, for a memory of today
+RECENCY_DAYS = 90.0
+# Cosine similarity a memory needs to count as relevant to the question (MiniLM spreads similarities
+# widely; e5 packs them high); a keyword match may be a little less close.
+RELEVANT = {"multilingual-e5-small-q4": 0.80}
+DEFAULT_RELEVANT = 0.30
+KEYWORD_SLACK = 0.08
+HEADER = "## What the gateway remembers about this user (from earlier conversations; newer facts win)"
+
+
+@dataclass(slots=True)
+class _Ranked:
+    memory: Memory
+    score: float = 0.0
+    similarity: float | None = None
+    keyword: bool = False
+
+
+@dataclass(slots=True)
+class _Found:
+    standing: list[Memory] = field(default_factory=list)
+    relevant: list[_Ranked] = field(default_factory=list)
+    detail: JSONObject = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class MemorySection:
+    memories: MemoryStore
+    vectors: MemoryVectors
+    embedder: Embedder | None  # None: keyword search only
+    config: MemoryConfig
+    name: str = "memory"
+
+    @property
+    def allowance(self) -> int:
+        return self.config.allowance_tokens
+
+    @property
+    def relevant_similarity(self) -> float:
+        model = self.embedder.model if self.embedder is not None else ""
+        return RELEVANT.get(model, DEFAULT_RELEVANT)
+
+    async def plan(self, build: BuildInput) -> int:
+        found = await self._find(build)
+        build.memo[self.name] = found
+        return self.allowance if found.standing or found.relevant else 0
+
+    async def _find(self, build: BuildInput) -> _Found:
+        scope = build.call.state.memory
+        if scope is None:
+            return _Found(detail={"skipped": "no memory for this call"})
+        tenant = build.call.tenant
+        standing = await self.memories.find(
+            tenant, MemoryFilter(scope.user_id, scope.scopes, STANDING_TYPES, limit=STANDING_MAX)
+        )
+        question = message_text(build.current[0].message) if build.current else ""
+        if not question.strip():
+            return _Found(standing, [])
+        vector = await self._embed(build, question)
+        query = MemoryQuery(tenant, scope.user_id, scope.scopes, question, vector, self.config.top_n * 4)
+        result = await self.vectors.search(query)
+        fused = _fuse(result.semantic, result.keyword)
+        rows = {m.id: m for m in await self.memories.many(tenant, list(fused))}
+        shown = {m.id for m in standing}
+        gate = self.relevant_similarity
+        now = datetime.now(UTC)
+        relevant: list[_Ranked] = []
+        for memory_id, (score, similarity, keyword) in fused.items():
+            memory = rows.get(memory_id)
+            if memory is None or memory.status != ACTIVE or memory.user_id != scope.user_id:
+                continue  # deleted or superseded since it was indexed
+            if memory.scope not in scope.scopes or memory_id in shown:
+                continue
+            close = similarity is not None and similarity >= gate
+            found_by_term = keyword and (similarity is None or similarity >= gate - KEYWORD_SLACK)
+            if not (close or found_by_term):
+                continue
+            age_days = max((now - (memory.event_at or memory.updated_at)).total_seconds() / 86_400, 0.0)
+            score += RECENCY_WEIGHT / (1.0 + age_days / RECENCY_DAYS)
+            relevant.append(_Ranked(memory, score, similarity, keyword))
+        relevant.sort(key=lambda r: r.score, reverse=True)
+        return _Found(standing, relevant[: self.config.top_n], {"searched": len(fused)})
+
+    async def _embed(self, build: BuildInput, question: str) -> list[float] | None:
+        if self.embedder is None:
+            return None
+        early = build.call.state.question
+        try:
+            if early is not None and early.text == question and not early.future.cancelled():
+                return await early.future
+            return await self.embedder.embed_query(question)
+        except EmbeddingError:
+            return None  # keyword search still works
+
+    async def propose(self, build: BuildInput, allowance: int) -> Proposal:
+        found = build.memo.get(self.name)
+        if not isinstance(found, _Found):
+            found = await self._find(build)
+        detail: JSONObject = dict(found.detail)
+        count = build.tokenizer.count
+        used = count(HEADER)
+        lines = [HEADER]
+        standing_ids: list[str] = []
+        relevant: list[JSONObject] = []
+        if found.standing:
+            room = int(allowance * STANDING_SHARE) if found.relevant else allowance
+            title = "Standing preferences and facts:"
+            cost = count(title)
+            taken: list[str] = []
+            for memory in found.standing:
+                line = _line(memory)
+                tokens = count(line)
+                if used + cost + tokens > room:
+                    continue
+                taken.append(line)
+                cost += tokens
+                standing_ids.append(memory.id)
+            if taken:
+                lines += [title, *taken]
+                used += cost
+        if found.relevant:
+            title = "Relevant to this question:"
+            cost = count(title)
+            taken = []
+            for ranked in found.relevant:
+                line = _line(ranked.memory)
+                tokens = count(line)
+                if used + cost + tokens > allowance:
+                    continue
+                taken.append(line)
+                cost += tokens
+                relevant.append(
+                    {
+                        "id": ranked.memory.id,
+                        "score": round(ranked.score, 5),
+                        "similarity": None if ranked.similarity is None else round(ranked.similarity, 4),
+                        "why": "meaning and exact terms"
+                        if ranked.keyword and ranked.similarity is not None
+                        else ("exact terms" if ranked.keyword else "meaning"),
+                    }
+                )
+            if taken:
+                lines += [title, *taken]
+                used += cost
+        ids: list[JSON] = [*standing_ids, *(r["id"] for r in relevant)]
+        detail["memory_ids"] = ids
+        detail["standing"] = list[JSON](standing_ids)
+        detail["relevant"] = list[JSON](relevant)
+        if not standing_ids and not relevant:
+            return Proposal(detail=detail)
+        text = "\n".join(lines)
+        return Proposal(tokens=count(text), text=text, detail=detail)
+
+
+def _line(memory: Memory) -> str:
+    when = memory.event_at or memory.created_at
+    return f"- [{when:%Y-%m-%d}] {memory.content}"
+
+
+def _fuse(semantic: list[MemoryHit], keyword: list[MemoryHit]) -> dict[str, tuple[float, float | None, bool]]:
+    """memory id -> (fused score, cosine similarity if ranked by meaning, found by exact terms)."""
+    out: dict[str, tuple[float, float | None, bool]] = {}
+    for rank, hit in enumerate(semantic):
+        out[hit.memory_id] = (1.0 / (RRF_K + rank), hit.score, False)
+    for rank, hit in enumerate(keyword):
+        score, similarity, _ = out.get(hit.memory_id, (0.0, None, False))
+        out[hit.memory_id] = (score + 1.0 / (RRF_K + rank), similarity, True)
+    return dict(sorted(out.items(), key=lambda item: item[1][0], reverse=True))
