@@ -13,6 +13,9 @@ from gateway.adapters.sql.tables import (
     CompactionCursorRow,
     ConversationRow,
     JobRow,
+    MemoryCursorRow,
+    MemoryRecordRow,
+    MemorySourceRow,
     MessageRow,
     RequestRow,
     SummaryRow,
@@ -37,10 +40,16 @@ def _summaries(connection: Connection) -> None:
     SQLModel.metadata.create_all(connection, tables=[SQLModel.metadata.tables[str(n)] for n in names])
 
 
+def _memories(connection: Connection) -> None:
+    names = (MemoryRecordRow.__tablename__, MemorySourceRow.__tablename__, MemoryCursorRow.__tablename__)
+    SQLModel.metadata.create_all(connection, tables=[SQLModel.metadata.tables[str(n)] for n in names])
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     ("0001_conversations_messages_requests", _initial),
     ("0002_jobs", _jobs),
     ("0003_summaries", _summaries),
+    ("0004_memories", _memories),
 )
 
 # Serialises migrations between gateway replicas starting together on one Postgres.

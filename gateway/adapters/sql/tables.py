@@ -1,4 +1,5 @@
-"""SQLModel tables: conversations, messages (a tree keyed by chain hash), requests and background jobs."""
+"""SQLModel tables: conversations, messages (a tree keyed by chain hash), requests, background jobs and
+long-term memories."""
 
 from __future__ import annotations
 
@@ -163,4 +164,55 @@ class CompactionCursorRow(SQLModel, table=True):
     conversation_id: str = Field(primary_key=True, max_length=32)
     node_id: str | None = Field(default=None, max_length=32)
     version: int = 0
+    updated_at: datetime = Field(sa_column=_timestamp())
+
+
+class MemoryRecordRow(SQLModel, table=True):
+    """One memory of a user (the source of truth; its vector lives in the memory index). `history` lists
+    every change, oldest first; `content_hash` is the normalised content's, for exact-duplicate checks."""
+
+    __tablename__ = "memories"
+    __table_args__ = (
+        Index("ix_memories_user_status_updated", "tenant", "user_id", "status", "updated_at"),
+        Index("ix_memories_user_scope_hash", "tenant", "user_id", "scope", "content_hash"),
+    )
+
+    id: str = Field(primary_key=True, max_length=32)
+    tenant: str = Field(max_length=200)
+    user_id: str = Field(max_length=200)
+    scope: str = Field(max_length=200)
+    type: str = Field(max_length=20)
+    content: str = Field(sa_column=Column(Text, nullable=False))
+    content_hash: str = Field(max_length=32)
+    tags: list[str] = Field(default_factory=list, sa_column=Column(JSONType, nullable=False))
+    confidence: float
+    event_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=True))
+    status: str = Field(max_length=20)
+    superseded_by: str | None = Field(default=None, max_length=32)
+    history: list[dict[str, object]] = Field(default_factory=list, sa_column=Column(JSONType, nullable=False))
+    created_at: datetime = Field(sa_column=_timestamp())
+    updated_at: datetime = Field(sa_column=_timestamp())
+
+
+class MemorySourceRow(SQLModel, table=True):
+    """A message a memory was learnt from or confirmed by; found by conversation when that is deleted."""
+
+    __tablename__ = "memory_sources"
+    __table_args__ = (Index("ix_memory_sources_conversation", "tenant", "conversation_id"),)
+
+    memory_id: str = Field(primary_key=True, max_length=32)
+    message_id: str = Field(primary_key=True, max_length=32)
+    tenant: str = Field(max_length=200)
+    conversation_id: str | None = Field(default=None, max_length=32)
+
+
+class MemoryCursorRow(SQLModel, table=True):
+    """The message memory extraction has read up to in a conversation; `user_id` when it was known."""
+
+    __tablename__ = "memory_cursors"
+
+    tenant: str = Field(primary_key=True, max_length=200)
+    conversation_id: str = Field(primary_key=True, max_length=32)
+    user_id: str | None = Field(default=None, max_length=200)
+    node_id: str = Field(max_length=32)
     updated_at: datetime = Field(sa_column=_timestamp())
