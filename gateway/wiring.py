@@ -9,18 +9,25 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gateway.adapters.sql.tables import utcnow
-from gateway.config import LOCAL_MODELS, GatewayConfig, TenantConfig
+from gateway.config import LOCAL_MODELS, GatewayConfig, MemoryConfig, TenantConfig
 from gateway.errors import StoreError
 from gateway.jobs.compact import CompactHandler, CompactionTarget
 from gateway.jobs.embed import EmbedHandler, IndexTarget
+from gateway.jobs.extract_memory import ExtractMemoryHandler, MemoryTarget
 from gateway.jobs.worker import JobHandler, WorkerPool
+from gateway.memory.ports import MemoryStore, MemoryVectors
+from gateway.memory.scope import MemoryScopeStep, incognito
+from gateway.memory.section import MemorySection
+from gateway.memory.service import MemoryService
 from gateway.metrics import Counters
+from gateway.pipeline.call import ChatCall
 from gateway.pipeline.compaction import CompactionPolicy
 from gateway.pipeline.context.builder import ContextBuilder
 from gateway.pipeline.context.prefetch import QuestionPrefetch
 from gateway.pipeline.context.retrieval import RetrievalSection
 from gateway.pipeline.context.section import Section
 from gateway.pipeline.context.summary import SummarySection
+from gateway.pipeline.identify import explicit_identity
 from gateway.pipeline.ingest import IngestStep
 from gateway.pipeline.persist import PersistStep
 from gateway.pipeline.steps import ChatPipeline, CompleteStep, PrepareStep
@@ -35,7 +42,7 @@ from gateway.ports import (
     Upstream,
     VectorIndex,
 )
-from gateway.records import COMPACT, EMBED, Conversation, IndexBacklog, embed_key_prefix
+from gateway.records import COMPACT, EMBED, EXTRACT_MEMORY, Conversation, IndexBacklog, embed_key_prefix
 from gateway.tenants import Tenant, TenantRegistry
 
 log = logging.getLogger(__name__)
@@ -52,6 +59,8 @@ class Deps:
     workers: WorkerPool  # started and stopped by the app lifespan; `workers.register(kind, handler)`
     counters: Counters = field(default_factory=Counters)
     indexes: dict[str, IndexTarget] = field(default_factory=dict)  # tenant -> its retrieval index
+    memories: MemoryStore | None = None
+    memory: dict[str, MemoryTarget] = field(default_factory=dict)  # tenant -> its memory
 
     async def delete_conversations(
         self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
@@ -68,7 +77,24 @@ class Deps:
             # Rows an embed job wrote before the conversation was known to be the user's go too.
             for conversation in deleted:
                 await target.index.delete(tenant, conversation_id=conversation)
+        if self.memories is not None and deleted:
+            await self.memories.forget_conversations(tenant, deleted)
         return deleted
+
+    def memory_service(self, tenant: str) -> MemoryService | None:
+        """The memory API's operations for a tenant with memory; None when it has none."""
+        target = self.memory.get(tenant)
+        if target is None or self.memories is None:
+            return None
+        return MemoryService(self.memories, target.vectors, target.embedder)
+
+    async def delete_user(self, tenant: str, user_id: str) -> tuple[list[str], list[str]]:
+        """Everything of one user: their conversations (as above) and their memories (rows, vectors,
+        links). Returns (conversation ids, memory ids) deleted."""
+        conversations = await self.delete_conversations(tenant, user_id=user_id)
+        service = self.memory_service(tenant)
+        memories = await service.delete_user(tenant, user_id) if service is not None else []
+        return conversations, memories
 
     async def job_counts(self) -> dict[str, int] | None:
         """Jobs per status for `/healthz`; None when the database cannot say (health must still answer)."""
@@ -115,7 +141,13 @@ class Deps:
         await self.store.aclose()
         for closing in {id(t.index): t.index for t in self.indexes.values()}.values():
             await closing.aclose()
-        for embedder in {id(t.embedder): t.embedder for t in self.indexes.values()}.values():
+        for vectors in {id(t.vectors): t.vectors for t in self.memory.values()}.values():
+            await vectors.aclose()
+        embedders = [
+            *(t.embedder for t in self.indexes.values()),
+            *(t.embedder for t in self.memory.values()),
+        ]
+        for embedder in {id(e): e for e in embedders}.values():
             await embedder.aclose()
 
 
@@ -149,6 +181,16 @@ def retrieves(tenant: TenantConfig) -> bool:
     return tenant.store_conversations and tenant.context.enabled and tenant.retrieval.enabled
 
 
+def remembers(tenant: TenantConfig) -> bool:
+    """Memory is read into the context builder's prompts, so it needs them."""
+    return tenant.store_conversations and tenant.context.enabled and tenant.memory.enabled
+
+
+def learns(tenant: TenantConfig) -> bool:
+    """Extraction calls are the gateway's own: they need a key of its own, as compaction does."""
+    return remembers(tenant) and tenant.memory.extraction and not tenant.upstream.pass_through_client_key
+
+
 def build_pipeline(
     tenant: TenantConfig,
     store: MessageStore,
@@ -159,6 +201,7 @@ def build_pipeline(
     index: IndexTarget | None = None,
     clock: Callable[[], datetime] = utcnow,
     jobs: JobQueue | None = None,
+    memory: tuple[MemoryStore, MemoryTarget] | None = None,
 ) -> ChatPipeline:
     if not tenant.store_conversations:
         return ChatPipeline(counters)  # a pure proxy: nothing stored, nothing rewritten
@@ -166,9 +209,14 @@ def build_pipeline(
     coverage = context.budget_tokens if context.enabled else 0
     prepare: list[PrepareStep] = [IngestStep(store, tokenizers, tenant.identity, coverage)]
     policy = None
-    if context.enabled and index is not None:
-        # The question is embedded while the request is stored: the retrieval section picks it up.
-        prepare.insert(0, QuestionPrefetch(index.embedder, context.budget_tokens))
+    if memory is not None:
+        prepare.append(MemoryScopeStep(tenant.memory))
+    embedder = index.embedder if index is not None else memory[1].embedder if memory is not None else None
+    if context.enabled and embedder is not None:
+        # The question is embedded while the request is stored: the retrieval and memory sections pick
+        # it up.
+        will_remember = _will_remember(tenant.memory) if memory is not None else None
+        prepare.insert(0, QuestionPrefetch(embedder, context.budget_tokens, will_remember))
     if context.enabled:
         # Priority order: the summary, then retrieved history (which asks for more room when the
         # question is about the past); the recent window is built in.
@@ -177,11 +225,31 @@ def build_pipeline(
             sections.append(
                 RetrievalSection(index.index, index.embedder, store, tenant.retrieval, clock, jobs)
             )
-        prepare.append(ContextBuilder(context, tokenizers, catalog, sections))
+        always: list[Section] = []
+        if memory is not None:
+            always.append(MemorySection(memory[0], memory[1].vectors, memory[1].embedder, tenant.memory))
+            sections.append(always[-1])  # the lowest priority when cutting (design.md §4)
+        prepare.append(ContextBuilder(context, tokenizers, catalog, sections, always))
     if compacts(tenant):
         policy = CompactionPolicy.for_tenant(context, tenant.compaction)
-    complete: list[CompleteStep] = [PersistStep(store, tokenizers, policy, index=index is not None)]
+    delay = tenant.memory.extract_delay_seconds if memory is not None and learns(tenant) else None
+    complete: list[CompleteStep] = [
+        PersistStep(store, tokenizers, policy, index=index is not None, extract_delay=delay)
+    ]
     return ChatPipeline(counters, prepare, complete)
+
+
+def _will_remember(config: MemoryConfig) -> Callable[[ChatCall], bool]:
+    """Whether a call will search memory (a user is named or defaulted, and it is not incognito)."""
+
+    def will(call: ChatCall) -> bool:
+        if incognito(call.headers):
+            return False
+        return (
+            config.default_user is not None or explicit_identity(call.headers, call.body).user_id is not None
+        )
+
+    return will
 
 
 def index_table(model: str) -> str:
@@ -201,37 +269,45 @@ def load_local_embedder(model: str, config: GatewayConfig) -> Embedder:
     return OnnxEmbedder.load(threads, batch)
 
 
-def build_indexes(
-    config: GatewayConfig, upstreams: Mapping[str, Upstream], tokenizers: Tokenizers
-) -> dict[str, IndexTarget]:
+@dataclass(slots=True)
+class Embedders:
+    """Each tenant's embedder: one copy of each built-in model, shared by the tenants using it."""
+
+    config: GatewayConfig
+    upstreams: Mapping[str, Upstream]
+    tokenizers: Tokenizers
+    local: dict[str, Embedder] = field(default_factory=dict)
+
+    def for_tenant(self, tenant: TenantConfig) -> Embedder:
+        spec = tenant.retrieval.embedder
+        if spec.provider == "local":
+            if spec.local_model not in self.local:
+                self.local[spec.local_model] = load_local_embedder(spec.local_model, self.config)
+            return self.local[spec.local_model]
+        from gateway.adapters.api_embedder import ApiEmbedder
+
+        assert spec.model is not None and spec.dimensions is not None  # checked by the config
+        return ApiEmbedder(
+            self.upstreams[tenant.name],
+            spec.model,
+            spec.dimensions,
+            spec.batch_size,
+            max_input_tokens=spec.max_input_tokens,
+            count=self.tokenizers.for_model(spec.model).count,
+        )
+
+
+def build_indexes(config: GatewayConfig, embedders: Embedders) -> dict[str, IndexTarget]:
     """Each retrieving tenant's embedder and index; tenants sharing a model share both (one table per
     model, rows filtered by tenant)."""
     from gateway.adapters.lance_index import LanceIndex
 
-    local: dict[str, Embedder] = {}  # one copy of each built-in model, shared by the tenants using it
     indexes: dict[str, VectorIndex] = {}
     targets: dict[str, IndexTarget] = {}
     for tenant in config.tenants:
         if not retrieves(tenant):
             continue
-        spec = tenant.retrieval.embedder
-        embedder: Embedder
-        if spec.provider == "local":
-            if spec.local_model not in local:
-                local[spec.local_model] = load_local_embedder(spec.local_model, config)
-            embedder = local[spec.local_model]
-        else:
-            from gateway.adapters.api_embedder import ApiEmbedder
-
-            assert spec.model is not None and spec.dimensions is not None  # checked by the config
-            embedder = ApiEmbedder(
-                upstreams[tenant.name],
-                spec.model,
-                spec.dimensions,
-                spec.batch_size,
-                max_input_tokens=spec.max_input_tokens,
-                count=tokenizers.for_model(spec.model).count,
-            )
+        embedder = embedders.for_tenant(tenant)
         table = index_table(embedder.model)
         if table not in indexes:
             indexes[table] = LanceIndex.open(
@@ -244,6 +320,30 @@ def build_indexes(
     return targets
 
 
+def memory_table(model: str) -> str:
+    """One memory table per embedding model, named like the model's message table."""
+    return "memories_" + index_table(model).removeprefix("messages_")
+
+
+def build_memory(
+    config: GatewayConfig, embedders: Embedders, upstreams: Mapping[str, Upstream]
+) -> dict[str, MemoryTarget]:
+    """Each remembering tenant's memory index (a table per embedding model, beside the messages')."""
+    from gateway.adapters.lance_memories import LanceMemoryVectors
+
+    tables: dict[str, MemoryVectors] = {}
+    targets: dict[str, MemoryTarget] = {}
+    for tenant in config.tenants:
+        if not remembers(tenant):
+            continue
+        embedder = embedders.for_tenant(tenant)
+        table = memory_table(embedder.model)
+        if table not in tables:
+            tables[table] = LanceMemoryVectors.open(config.storage.index_location, table, embedder.dimensions)
+        targets[tenant.name] = MemoryTarget(upstreams[tenant.name], tenant.memory, embedder, tables[table])
+    return targets
+
+
 def build_deps(
     config: GatewayConfig,
     handlers: Mapping[str, JobHandler] | None = None,
@@ -253,6 +353,7 @@ def build_deps(
     `clock` dates stored messages and resolves "last week" (a settable one replays dated histories)."""
     from gateway.adapters.cached_store import CachedMessageStore
     from gateway.adapters.model_catalog import LiteLLMModelCatalog
+    from gateway.adapters.sql.memories import SqlMemoryStore
     from gateway.adapters.sql.store import SqlStore
     from gateway.adapters.sql.summaries import SqlSummaryStore
     from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
@@ -268,14 +369,26 @@ def build_deps(
         tokenizers.for_model(model)
     catalog = LiteLLMModelCatalog.load()
     upstreams = {t.name: build_upstream(t) for t in config.tenants}
-    indexes = build_indexes(config, upstreams, tokenizers)
+    embedders = Embedders(config, upstreams, tokenizers)
+    indexes = build_indexes(config, embedders)
+    memory = build_memory(config, embedders, upstreams)
+    memories = SqlMemoryStore(sql.engine)
     tenants = TenantRegistry(
         Tenant(
             t.name,
             t,
             upstreams[t.name],
             build_pipeline(
-                t, store, summaries, tokenizers, catalog, counters, indexes.get(t.name), clock, sql.jobs
+                t,
+                store,
+                summaries,
+                tokenizers,
+                catalog,
+                counters,
+                indexes.get(t.name),
+                clock,
+                sql.jobs,
+                (memories, memory[t.name]) if t.name in memory else None,
             ),
         )
         for t in config.tenants
@@ -292,6 +405,13 @@ def build_deps(
     all_handlers: dict[str, JobHandler] = {
         COMPACT: CompactHandler(store, summaries, tokenizers, targets.get),
         EMBED: EmbedHandler(store, indexes.get, sql.jobs),
+        EXTRACT_MEMORY: ExtractMemoryHandler(
+            store,
+            memories,
+            {t.name: memory[t.name] for t in config.tenants if t.name in memory and learns(t)}.get,
+            sql.jobs,
+            clock,
+        ),
     }
     all_handlers.update(handlers or {})
     jobs = sql.jobs
@@ -306,4 +426,6 @@ def build_deps(
         workers=workers,
         counters=counters,
         indexes=indexes,
+        memories=memories,
+        memory=memory,
     )

@@ -328,7 +328,7 @@ def test_delete_user_leaves_nothing_of_the_user(sql: SqlStore, store: SqlMemoryS
         bob = memory("Bob prefers coffee.", user_id="u2", sources=(source("c9"),))
         theirs = memory("Globex's Ana.", tenant="globex", sources=(source("c1"),))
         # Cursors of her conversations: one written with her memories, one where extraction only linked
-        # a source (the user unknown to the write), one stored as hers where it found nothing.
+        # a source (the user unknown to the write), one stored as hers where it found nothing: all kept.
         await store.save(MemoryChanges("acme", added=(learnt, confirmed), cursor=(conv("c1"), "n" * 32)))
         await store.save(
             MemoryChanges("acme", sources=((confirmed.id, source("c2")),), cursor=(conv("c2"), "n" * 32))
@@ -352,7 +352,10 @@ def test_delete_user_leaves_nothing_of_the_user(sql: SqlStore, store: SqlMemoryS
         engine = sql.engine
         assert count(engine, "memories", "tenant = 'acme' AND user_id = 'u1'") == 0
         assert count(engine, "memory_sources", "memory_id IN (:a, :b)", a=learnt.id, b=confirmed.id) == 0
-        assert count(engine, "memory_cursors", "tenant = 'acme' AND conversation_id <> :c", c=conv("c9")) == 0
+        # Her extraction cursors stay (they hold no words): her old turns are not read again from the
+        # root, so what she deleted is not learnt again.
+        assert await store.cursor("acme", conv("c1")) == "n" * 32
+        assert await store.cursor("acme", conv("c3")) == "n" * 32
         # Another user of the tenant, and the same user id in another tenant, keep everything.
         assert await store.get("acme", bob.id) == bob
         assert await store.cursor("acme", conv("c9")) == "n" * 32

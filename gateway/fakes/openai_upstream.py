@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from gateway.fakes.memory_llm import is_memory_call, memory_answer
 from gateway.jobs.prompts import CHUNK_MARKER, CONDENSE_MARKER, MERGE_MARKER
 from gateway.ports import JSON, JSONObject
 
@@ -65,6 +66,8 @@ class FakeUpstream:
     _script: deque[Reply] = field(default_factory=deque)
     _summary_script: deque[Reply] = field(default_factory=deque)
     summary_calls: int = 0
+    _memory_script: deque[Reply] = field(default_factory=deque)
+    memory_calls: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     record: bool = True
@@ -79,9 +82,22 @@ class FakeUpstream:
         with self._lock:
             self._summary_script.extend(replies)
 
+    def enqueue_memory(self, *replies: Reply) -> None:
+        """Script answers to the gateway's memory calls (extraction, resolution)."""
+        with self._lock:
+            self._memory_script.extend(replies)
+
+    def memory_requests(self) -> list[Received]:
+        with self._lock:
+            return [r for r in self.received if is_memory_call(r.body)]
+
     def next_reply(self, body: JSONObject) -> Reply:
         summary = summarisation_answer(body)
+        memory = memory_answer(body) if summary is None else None
         with self._lock:
+            if memory is not None:
+                self.memory_calls += 1
+                return self._memory_script.popleft() if self._memory_script else Reply(content=memory)
             if summary is not None:
                 self.summary_calls += 1
                 return self._summary_script.popleft() if self._summary_script else Reply(content=summary)
@@ -99,7 +115,9 @@ class FakeUpstream:
             return [
                 r
                 for r in self.received
-                if r.path.endswith("/chat/completions") and summarisation_answer(r.body) is None
+                if r.path.endswith("/chat/completions")
+                and summarisation_answer(r.body) is None
+                and not is_memory_call(r.body)
             ]
 
     def last_chat(self) -> Received:

@@ -7,7 +7,8 @@ GET /api/conversations/{id}/path/{node_id}  root-to-node path: the history one b
 GET /api/conversations/{id}/summaries       rolling summaries (global) and chunk summaries, deepest first
 POST /api/conversations/{id}/compact        summarise now what left the recent window (202, a job)
 DELETE /api/conversations/{id}              delete it: messages, summaries, records, index rows, vectors
-DELETE /api/users/{user_id}                 delete every conversation of that user, the same way
+DELETE /api/users/{user_id}                 delete everything of that user: every conversation, the same
+                                            way, and every memory (memory_api.py has the memory routes)
 GET /api/requests/{id}                      one request: status, usage, ContextReport
 """
 
@@ -147,8 +148,15 @@ async def delete_user(request: Request) -> Response:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
     user_id = request.path_params["user_id"]
-    deleted = await deps.delete_conversations(caller.tenant.name, user_id=user_id)
-    return _json({"object": "user.deleted", "user_id": user_id, "conversations": deleted})
+    conversations, memories = await deps.delete_user(caller.tenant.name, user_id)
+    return _json(
+        {
+            "object": "user.deleted",
+            "user_id": user_id,
+            "conversations": conversations,
+            "memories": len(memories),
+        }
+    )
 
 
 async def get_request(request: Request) -> Response:

@@ -16,7 +16,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.errors import PayloadTooLarge, UpstreamError
 from gateway.http.api import api_routes
 from gateway.http.headers import to_client, to_upstream
+from gateway.http.memory_api import memory_routes
 from gateway.http.streaming import RelayResponse
+from gateway.memory.scope import incognito
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.forward import StreamRelay, buffered_outcome, with_stream_usage
 from gateway.pipeline.validate import parse_chat_request
@@ -59,6 +61,8 @@ def _context_headers(call: ChatCall) -> list[tuple[bytes, bytes]]:
     if state.original_tokens is not None and state.sent_tokens is not None:
         headers.append((b"x-context-tokens-original", str(state.original_tokens).encode()))
         headers.append((b"x-context-tokens-sent", str(state.sent_tokens).encode()))
+    if incognito(call.headers):
+        headers.append((b"x-gateway-memory", b"off"))
     return headers
 
 
@@ -208,6 +212,7 @@ class _Asgi:
 def routes(max_body_bytes: int) -> list[Route]:
     endpoints = Endpoints(max_body_bytes)
     return [
+        *memory_routes(),
         *api_routes(),
         Route("/v1/chat/completions", _Asgi(endpoints.chat_completions), methods=["POST"]),
         Route("/v1/{path:path}", _Asgi(endpoints.passthrough), methods=_ALL_METHODS),

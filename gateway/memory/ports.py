@@ -44,8 +44,9 @@ class MemoryStore(Protocol):
         ...
 
     async def delete_user(self, tenant: str, user_id: str) -> list[str]:
-        """Remove every memory of the user (and the extraction cursors of their conversations); returns
-        the ids removed."""
+        """Remove every memory of the user with its sources; returns the ids removed. The extraction
+        cursors stay (they hold no words): the user's conversations are not read again from the root, so
+        what was deleted is not learnt again from old turns."""
         ...
 
     async def cursor(self, tenant: str, conversation_id: str) -> str | None:

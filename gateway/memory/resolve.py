@@ -9,6 +9,7 @@ leave the vector index, so recall never offers them.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -119,7 +120,11 @@ class Resolver:
             near = {m.id: m for m in await self.memories.many(tenant, [h.memory_id for h in hits])}
             ranked = [(h.score, near[h.memory_id]) for h in hits if h.memory_id in near]
             ranked = [(s, m) for s, m in ranked if m.status == ACTIVE and m.user_id == user_id]
-            if ranked and ranked[0][0] >= duplicate:
+            if (
+                ranked
+                and ranked[0][0] >= duplicate
+                and same_specifics(candidate.content, ranked[0][1].content)
+            ):
                 out.links.append((ranked[0][1].id, _source(candidate)))
             elif ranked:
                 pending.append((candidate, vector, [m for _, m in ranked]))
@@ -235,6 +240,19 @@ class Resolver:
                 history=(*target.history, history_entry(now, "extraction", "superseded", target.content)),
             )
             out.removed.append(target.id)
+
+
+_SPECIFIC = re.compile(r"[^\W_]*\d[^\W_]*(?:[.:/-]\d[^\W_]*)*")
+_NEGATION = re.compile(
+    r"\b(not|no|never|no longer|don't|doesn't|isn't|aren't|won't|stopped)\b|不|没|안|않", re.I
+)
+
+
+def same_specifics(a: str, b: str) -> bool:
+    """Whether two close texts agree on their numbers, versions and negations: "runs on Postgres 16" and
+    "now runs on Postgres 17" embed almost alike but contradict, so only the model may call them one."""
+    numbers = {m.lower() for m in _SPECIFIC.findall(a)} == {m.lower() for m in _SPECIFIC.findall(b)}
+    return numbers and bool(_NEGATION.search(a)) == bool(_NEGATION.search(b))
 
 
 def _source(candidate: Candidate) -> MemorySource:

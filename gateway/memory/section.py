@@ -10,6 +10,7 @@ left out, so an unrelated question gets only the standing part, or nothing.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -68,7 +69,9 @@ class MemorySection:
         return RELEVANT.get(model, DEFAULT_RELEVANT)
 
     async def plan(self, build: BuildInput) -> int:
+        started = time.perf_counter()
         found = await self._find(build)
+        found.detail["ms"] = round((time.perf_counter() - started) * 1000, 3)
         build.memo[self.name] = found
         return self.allowance if found.standing or found.relevant else 0
 
@@ -106,7 +109,9 @@ class MemorySection:
             score += RECENCY_WEIGHT / (1.0 + age_days / RECENCY_DAYS)
             relevant.append(_Ranked(memory, score, similarity, keyword))
         relevant.sort(key=lambda r: r.score, reverse=True)
-        return _Found(standing, relevant[: self.config.top_n], {"searched": len(fused)})
+        return _Found(
+            standing, relevant[: self.config.top_n], {"searched": len(fused), "embedded": vector is not None}
+        )
 
     async def _embed(self, build: BuildInput, question: str) -> list[float] | None:
         if self.embedder is None:

@@ -28,7 +28,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import SQLModel
 
 from gateway.adapters.sql.tables import (
-    ConversationRow,
     MemoryCursorRow,
     MemoryRecordRow,
     MemorySourceRow,
@@ -42,7 +41,6 @@ _IN_CHUNK = 900  # stays under SQLite's default bound-parameter limit
 _MEMORIES = SQLModel.metadata.tables[str(MemoryRecordRow.__tablename__)]
 _SOURCES = SQLModel.metadata.tables[str(MemorySourceRow.__tablename__)]
 _CURSORS = SQLModel.metadata.tables[str(MemoryCursorRow.__tablename__)]
-_CONVERSATIONS = SQLModel.metadata.tables[str(ConversationRow.__tablename__)]
 # Newest first; the id breaks ties so pages never overlap or skip.
 _NEWEST_FIRST = (_MEMORIES.c.updated_at.desc(), _MEMORIES.c.id.desc())
 
@@ -204,18 +202,9 @@ class SqlMemoryStore:
     async def delete_user(self, tenant: str, user_id: str) -> list[str]:
         def run() -> list[str]:
             with self.engine.begin() as connection:
-                ids, conversations = _delete_memories(connection, tenant, _MEMORIES.c.user_id == user_id)
-                # Their conversations: where memories were learnt, where a cursor was written knowing the
-                # user, and the conversations stored as the user's (extraction may have found nothing there).
-                theirs = sa_select(_CONVERSATIONS.c.id).where(
-                    _CONVERSATIONS.c.tenant == tenant, _CONVERSATIONS.c.user_id == user_id
-                )
-                cursors = delete(_CURSORS).where(
-                    _CURSORS.c.tenant == tenant,
-                    (_CURSORS.c.user_id == user_id) | _CURSORS.c.conversation_id.in_(theirs),
-                )
-                connection.execute(cursors)
-                _delete_cursors(connection, tenant, sorted(conversations))
+                # The extraction cursors stay: they hold no words, and without them the user's next turn
+                # in an old conversation would read it from the root and learn the deleted facts again.
+                ids, _ = _delete_memories(connection, tenant, _MEMORIES.c.user_id == user_id)
                 return ids
 
         return await self._run(run)

@@ -156,7 +156,7 @@ class ContextBuilder:
         build = BuildInput(call, tokenizer, state.items[:leading], history, current, window=history)
         room = budget.input_tokens - original
         wanted = [await section.plan(build) for section in self.always]
-        injected, reported = await self._propose(build, wanted, 1.0, room)
+        injected, reported = await self._propose(build, wanted, 1.0, room, self.always)
         block, block_tokens = self._block(injected, reported, tokenizer, room)
         if block is None:
             return None
@@ -174,13 +174,19 @@ class ContextBuilder:
         return [*messages, block, *(item.message for item in state.items[leading:])]
 
     async def _propose(
-        self, build: BuildInput, wanted: list[int], scale: float, spare: int
+        self,
+        build: BuildInput,
+        wanted: list[int],
+        scale: float,
+        spare: int,
+        sections: Sequence[Section] | None = None,
     ) -> tuple[list[tuple[str, Proposal]], dict[str, JSONObject]]:
-        """Each section in priority order, within its scaled share plus what higher sections left."""
+        """Each section (of `sections`, else all) in priority order, within its scaled share plus what
+        higher sections left."""
         carry = 0
         injected: list[tuple[str, Proposal]] = []
         reported: dict[str, JSONObject] = {}
-        for section, want in zip(self.sections, wanted, strict=True):
+        for section, want in zip(self.sections if sections is None else sections, wanted, strict=True):
             # Its own scaled share plus what higher sections left; never the window's reserved share.
             allowance = max(min(int(want * scale) + carry, spare), 0)
             proposal = await section.propose(build, allowance)

@@ -1,0 +1,282 @@
+"""REST API over a user's long-term memory, scoped to the caller's tenant.
+
+The user is named by the path (`/api/users/{user_id}/memories...`) or, under `/api/memories`, by the
+`X-User-Id` header (or `?user_id=`).
+
+GET    .../memories                 list; ?type=&scope=&tag=&status=&since=&until=&q=&limit=&offset=
+POST   .../memories                 create one ({"content", "type", "scope", "tags", "event_time", ...})
+DELETE /api/users/{user_id}/memories  delete every memory of the user (rows, vectors, source links)
+GET    .../memories/search?q=       the memories recall would find for `q` (&project= adds a project)
+GET    .../memories/export          every memory of the user, any status, with sources and history
+POST   .../memories/import          {"memories": [...]} as exported (or as created): added as new
+GET    /api/memories/{id}           one memory with its sources and history
+PATCH  /api/memories/{id}           edit content, type, scope, tags, event_time or status
+DELETE /api/memories/{id}           delete it for good
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.errors import InvalidRequest, NotFound
+from gateway.http.api import MAX_LIMIT, _int_param, _json
+from gateway.memory.records import MEMORY_STATUSES, MEMORY_TYPES, USER_SCOPE, Memory, MemoryFilter
+from gateway.memory.service import MemoryDraft, MemoryService
+from gateway.pipeline.validate import parse_json_object
+from gateway.tenants import Caller
+from gateway.wiring import Deps
+
+MAX_IMPORT = 5_000
+M = TypeVar("M", bound=BaseModel)
+MemoryType = Literal["preference", "profile", "project", "constraint", "stable_fact", "event"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class MemoryIn(_Body):
+    content: str = Field(min_length=1)
+    type: MemoryType = "stable_fact"
+    scope: str = Field(default=USER_SCOPE, min_length=1, max_length=200)
+    tags: list[str] = Field(default_factory=list, max_length=20)
+    confidence: float = Field(default=1.0, ge=0.0, le=1.0)
+    event_time: datetime | None = None  # a date alone is midnight UTC
+
+
+class ImportedMemory(MemoryIn):
+    """An exported memory read back: the fields export adds are accepted and ignored (new ids are
+    given; history and sources stay with the original)."""
+
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+
+class MemoryPatch(_Body):
+    content: str | None = Field(default=None, min_length=1)
+    type: MemoryType | None = None
+    scope: str | None = Field(default=None, min_length=1, max_length=200)
+    tags: list[str] | None = Field(default=None, max_length=20)
+    event_time: datetime | None = None  # a date alone is midnight UTC
+    status: Literal["active", "superseded"] | None = None
+
+
+class ImportBody(_Body):
+    memories: list[ImportedMemory] = Field(max_length=MAX_IMPORT)
+
+
+def _parsed(model: type[M], raw: bytes) -> M:
+    data = parse_json_object(raw or b"{}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"]) or None
+        raise InvalidRequest(f"{field or 'body'}: {error['msg']}", param=field) from exc
+
+
+def _when(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _service(request: Request) -> tuple[MemoryService, str]:
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    service = deps.memory_service(caller.tenant.name)
+    if service is None:
+        raise NotFound("Memory is not enabled for this key's tenant (memory.enabled in its config).")
+    return service, caller.tenant.name
+
+
+def _user(request: Request) -> str:
+    user = (
+        request.path_params.get("user_id")
+        or request.headers.get("x-user-id", "").strip()
+        or request.query_params.get("user_id")
+    )
+    if not user:
+        raise InvalidRequest(
+            "Name the user: /api/users/{user_id}/memories, an X-User-Id header or ?user_id=.",
+            param="user_id",
+        )
+    return str(user)
+
+
+def _max_chars(request: Request) -> int:
+    caller: Caller = request.scope["caller"]
+    return caller.tenant.config.memory.max_memory_chars
+
+
+def _check_content(content: str | None, limit: int, field: str = "content") -> None:
+    if content is not None and len(content) > limit:
+        raise InvalidRequest(f"{field}: longer than the {limit} characters a memory may hold", param=field)
+
+
+def _draft(item: MemoryIn) -> MemoryDraft:
+    tags = tuple(dict.fromkeys(t.strip().lower() for t in item.tags if t.strip()))
+    return MemoryDraft(item.content, item.type, item.scope, tags, item.confidence, _when(item.event_time))
+
+
+def _out(memory: Memory) -> dict[str, object]:
+    return {**asdict(memory), "object": "memory"}
+
+
+def _choice(request: Request, name: str, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
+    values = tuple(v for raw in request.query_params.getlist(name) for v in raw.split(",") if v)
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise InvalidRequest(f"{name}: {bad[0]!r} is not one of {', '.join(allowed)}", param=name)
+    return values or None
+
+
+def _date_param(request: Request, name: str) -> datetime | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError as exc:
+        raise InvalidRequest(f"{name}: not an ISO date or time: {raw!r}", param=name) from exc
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+async def list_memories(request: Request) -> Response:
+    service, tenant = _service(request)
+    statuses = _choice(request, "status", (*MEMORY_STATUSES, "any"))
+    where = MemoryFilter(
+        _user(request),
+        scopes=_choice(request, "scope", tuple(request.query_params.getlist("scope"))),
+        types=_choice(request, "type", MEMORY_TYPES),
+        tag=request.query_params.get("tag"),
+        statuses=None if statuses and "any" in statuses else statuses or ("active",),
+        since=_date_param(request, "since"),
+        until=_date_param(request, "until"),
+        text=request.query_params.get("q"),
+        limit=_int_param(request, "limit", 100, MAX_LIMIT),
+        offset=_int_param(request, "offset", 0, 10**9),
+    )
+    items = await service.store.find(tenant, where)
+    return _json({"object": "list", "data": [_out(m) for m in items]})
+
+
+async def create_memory(request: Request) -> Response:
+    service, tenant = _service(request)
+    user = _user(request)
+    item = _parsed(MemoryIn, await request.body())
+    _check_content(item.content, _max_chars(request))
+    (memory,) = await service.create(tenant, user, [_draft(item)])
+    response = _json(_out(memory))
+    response.status_code = 201
+    return response
+
+
+async def delete_user_memories(request: Request) -> Response:
+    service, tenant = _service(request)
+    user = _user(request)
+    removed = await service.delete_user(tenant, user)
+    return _json({"object": "memories.deleted", "user_id": user, "deleted": len(removed)})
+
+
+async def search_memories(request: Request) -> Response:
+    service, tenant = _service(request)
+    user = _user(request)
+    text = request.query_params.get("q", "").strip()
+    if not text:
+        raise InvalidRequest("q: give the text to search for", param="q")
+    project = request.query_params.get("project")
+    scopes = (USER_SCOPE, project) if project else (USER_SCOPE,)
+    found = await service.search(tenant, user, scopes, text, _int_param(request, "limit", 10, 100))
+    return _json({"object": "list", "data": [{**_out(m), "score": round(score, 5)} for m, score in found]})
+
+
+async def export_memories(request: Request) -> Response:
+    service, tenant = _service(request)
+    user = _user(request)
+    memories = await service.all_of(tenant, user)
+    return _json(
+        {
+            "object": "memories.export",
+            "user_id": user,
+            "exported_at": datetime.now(UTC),
+            "memories": [_out(m) for m in memories],
+        }
+    )
+
+
+async def import_memories(request: Request) -> Response:
+    service, tenant = _service(request)
+    user = _user(request)
+    body = _parsed(ImportBody, await request.body())
+    limit = _max_chars(request)
+    for number, item in enumerate(body.memories):
+        _check_content(item.content, limit, f"memories.{number}.content")
+    made = await service.create(tenant, user, [_draft(m) for m in body.memories])
+    response = _json({"object": "memories.imported", "user_id": user, "imported": len(made)})
+    response.status_code = 201
+    return response
+
+
+async def _memory(request: Request) -> tuple[MemoryService, Memory]:
+    service, tenant = _service(request)
+    memory = await service.store.get(tenant, request.path_params["id"])
+    if memory is None:
+        raise NotFound(f"No memory {request.path_params['id']!r} for this key.")
+    return service, memory
+
+
+async def get_memory(request: Request) -> Response:
+    _, memory = await _memory(request)
+    return _json(_out(memory))
+
+
+async def edit_memory(request: Request) -> Response:
+    raw = await request.body()
+    patch = _parsed(MemoryPatch, raw)
+    _check_content(patch.content, _max_chars(request))
+    service, memory = await _memory(request)
+    given = patch.model_dump(exclude_unset=True)
+    fields: dict[str, object] = {}
+    for name in ("content", "type", "scope", "status"):
+        if given.get(name) is not None:
+            fields[name] = given[name]
+    if patch.tags is not None:
+        fields["tags"] = tuple(dict.fromkeys(t.strip().lower() for t in patch.tags if t.strip()))
+    if "event_time" in given:
+        fields["event_at"] = _when(patch.event_time)
+    if fields.get("status") == "active":
+        fields["superseded_by"] = None
+    edited = await service.edit(memory, **fields)
+    return _json(_out(edited))
+
+
+async def delete_memory(request: Request) -> Response:
+    service, memory = await _memory(request)
+    await service.delete(memory.tenant, [memory.id])
+    return _json({"object": "memory.deleted", "id": memory.id, "deleted": True})
+
+
+def memory_routes() -> list[Route]:
+    routes: list[Route] = []
+    for base in ("/api/memories", "/api/users/{user_id}/memories"):
+        routes += [
+            Route(base, list_memories, methods=["GET"]),
+            Route(base, create_memory, methods=["POST"]),
+            Route(f"{base}/search", search_memories, methods=["GET"]),
+            Route(f"{base}/export", export_memories, methods=["GET"]),
+            Route(f"{base}/import", import_memories, methods=["POST"]),
+        ]
+    return [
+        *routes,
+        Route("/api/users/{user_id}/memories", delete_user_memories, methods=["DELETE"]),
+        Route("/api/memories/{id}", get_memory, methods=["GET"]),
+        Route("/api/memories/{id}", edit_memory, methods=["PATCH"]),
+        Route("/api/memories/{id}", delete_memory, methods=["DELETE"]),
+    ]

@@ -1,0 +1,129 @@
+"""What a user (through the API) can do with their memory, keeping SQL and the vector index in step.
+
+Writes go to the index first and SQL second where they add (a failed SQL write leaves an orphan row
+that recall ignores, since it reads every hit back from SQL), and to SQL first and the index second where
+they remove (a memory gone from SQL is never shown, whatever the index still holds).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from gateway.memory.ports import MemoryStore, MemoryVectors
+from gateway.memory.records import (
+    ACTIVE,
+    Memory,
+    MemoryChanges,
+    MemoryFilter,
+    MemoryQuery,
+    MemorySearchResult,
+)
+from gateway.memory.resolve import history_entry, memory_row
+from gateway.ports import Embedder
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryDraft:
+    """A memory as the user writes it (create, import)."""
+
+    content: str
+    type: str = "stable_fact"
+    scope: str = "user"
+    tags: tuple[str, ...] = ()
+    confidence: float = 1.0
+    event_at: datetime | None = None
+
+
+@dataclass(slots=True)
+class MemoryService:
+    store: MemoryStore
+    vectors: MemoryVectors
+    embedder: Embedder
+
+    async def create(self, tenant: str, user_id: str, drafts: Sequence[MemoryDraft]) -> list[Memory]:
+        now = datetime.now(UTC)
+        made = [
+            Memory(
+                id=uuid.uuid4().hex,
+                tenant=tenant,
+                user_id=user_id,
+                scope=d.scope,
+                type=d.type,
+                content=d.content,
+                tags=d.tags,
+                confidence=d.confidence,
+                event_at=d.event_at,
+                status=ACTIVE,
+                superseded_by=None,
+                created_at=now,
+                updated_at=now,
+                history=(history_entry(now, "user", "created", None),),
+            )
+            for d in drafts
+        ]
+        if not made:
+            return []
+        vectors = await self.embedder.embed([m.content for m in made])
+        await self.vectors.upsert([memory_row(m, v) for m, v in zip(made, vectors, strict=True)])
+        await self.store.save(MemoryChanges(tenant, added=tuple(made)))
+        return made
+
+    async def edit(self, memory: Memory, **fields: object) -> Memory:
+        """The memory with `fields` changed (content, type, scope, tags, event_at, status); the text
+        before an edit of the content is kept in its history."""
+        now = datetime.now(UTC)
+        entry = history_entry(now, "user", "edited", memory.content)
+        edited = replace(memory, **fields, updated_at=now, history=(*memory.history, entry))  # type: ignore[arg-type]
+        if edited.status == ACTIVE:
+            vector = (await self.embedder.embed([edited.content]))[0]
+            await self.vectors.upsert([memory_row(edited, vector)])
+            await self.store.save(MemoryChanges(memory.tenant, updated=(edited,)))
+        else:
+            await self.store.save(MemoryChanges(memory.tenant, updated=(edited,)))
+            await self.vectors.delete(memory.tenant, [memory.id])
+        return edited
+
+    async def delete(self, tenant: str, memory_ids: Sequence[str]) -> int:
+        count = await self.store.delete(tenant, memory_ids)
+        await self.vectors.delete(tenant, memory_ids)
+        return count
+
+    async def delete_user(self, tenant: str, user_id: str) -> list[str]:
+        removed = await self.store.delete_user(tenant, user_id)
+        await self.vectors.delete_user(tenant, user_id)
+        return removed
+
+    async def search(
+        self, tenant: str, user_id: str, scopes: tuple[str, ...], text: str, limit: int
+    ) -> list[tuple[Memory, float]]:
+        """Active memories for `text`, best first, by reciprocal-rank fusion of both rankings."""
+        vector = await self.embedder.embed_query(text)
+        result: MemorySearchResult = await self.vectors.search(
+            MemoryQuery(tenant, user_id, scopes, text, vector, limit)
+        )
+        scores: dict[str, float] = {}
+        for ranking in (result.semantic, result.keyword):
+            for rank, hit in enumerate(ranking):
+                scores[hit.memory_id] = scores.get(hit.memory_id, 0.0) + 1.0 / (30 + rank)
+        rows = {m.id: m for m in await self.store.many(tenant, list(scores))}
+        found = [
+            (rows[i], s)
+            for i, s in scores.items()
+            if i in rows and rows[i].status == ACTIVE and rows[i].user_id == user_id
+        ]
+        return sorted(found, key=lambda pair: pair[1], reverse=True)[:limit]
+
+    async def all_of(self, tenant: str, user_id: str) -> list[Memory]:
+        """Every memory of the user, whatever its status (export), with sources and history."""
+        out: list[Memory] = []
+        while True:
+            page = await self.store.find(
+                tenant, MemoryFilter(user_id, statuses=None, limit=500, offset=len(out))
+            )
+            out += page
+            if len(page) < 500:
+                break
+        return await self.store.many(tenant, [m.id for m in out]) if out else []

@@ -1,0 +1,399 @@
+"""Long-term memory end to end: a real gateway on loopback, the official SDK, the shipped fake upstream
+answering the extraction and resolution calls deterministically (`gateway/fakes/memory_llm.py`), real
+SQLite and real LanceDB."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from gateway.adapters.lance_memories import LanceMemoryVectors
+from gateway.fakes.openai_upstream import Reply
+from gateway.wiring import memory_table
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant, wait_for_jobs
+
+JOBS = {"poll_seconds": 0.05, "retry_base_seconds": 0.05, "lease_seconds": 20, "max_attempts": 2}
+MEMORY = {"enabled": True, "extract_delay_seconds": 0}
+
+
+def ask(gateway: Gateway, text: str, *, user: str = "ana", key: str = GATEWAY_KEY, **headers: str) -> Any:
+    """One new conversation's first question; returns the raw response (headers + parsed body)."""
+    client = gateway.client(api_key=key, default_headers={"X-User-Id": user, **headers})
+    return client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": text}]
+    )
+
+
+def memories(gateway: Gateway, user: str = "ana", key: str = GATEWAY_KEY, **params: str) -> list[Any]:
+    response = httpx.get(
+        f"{gateway.server.url}/api/users/{user}/memories",
+        params=params,
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    assert response.status_code == 200, response.text
+    return list(response.json()["data"])
+
+
+def contents(gateway: Gateway, user: str = "ana", **params: str) -> list[str]:
+    return sorted(m["content"] for m in memories(gateway, user, **params))
+
+
+def injected(upstream: Upstream) -> str:
+    """The gateway's block in the last chat request the upstream received ("" when none)."""
+    for message in upstream.fake.last_chat().body["messages"]:  # type: ignore[union-attr]
+        if message["role"] == "system" and "<gateway_context>" in str(message["content"]):
+            return str(message["content"])
+    return ""
+
+
+@pytest.fixture
+def remembering(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> Gateway:
+    return make_gateway([tenant("acme", upstream.base_url, memory=MEMORY)], jobs=JOBS)
+
+
+def test_facts_come_from_the_users_turns_only(remembering: Gateway, upstream: Upstream) -> None:
+    upstream.fake.enqueue(Reply(content="Noted. I myself am a keen sailor and my boat is called Orca."))
+    client = remembering.client(default_headers={"X-User-Id": "ana"})
+    client.chat.completions.create(
+        model="gpt-4o-mini",
+        messages=[
+            {"role": "system", "content": "You are helpful. I am the system and my name is Sysop Prime."},
+            {
+                "role": "user",
+                "content": "I am vegetarian and I live in Lisbon. "
+                "<gateway_context>I own a red tractor.</gateway_context>",
+            },
+        ],
+    )
+    wait_for_jobs(remembering)
+    # The assistant's answer reaches the next extraction only as context: a second turn proves it.
+    client.chat.completions.create(
+        model="gpt-4o-mini",
+        messages=[
+            {"role": "system", "content": "You are helpful. I am the system and my name is Sysop Prime."},
+            {"role": "user", "content": "I am vegetarian and I live in Lisbon."},
+            {"role": "assistant", "content": "Noted. I myself am a keen sailor and my boat is called Orca."},
+            {"role": "user", "content": "Thanks! What should I cook tonight?"},
+        ],
+    )
+    wait_for_jobs(remembering)
+    learnt = " ".join(contents(remembering))
+    assert "vegetarian" in learnt and "Lisbon" in learnt
+    for never in ("Orca", "sailor", "Sysop", "tractor"):
+        assert never not in learnt
+    calls = upstream.fake.memory_requests()
+    assert calls, "no extraction call was made"
+    for call in calls:
+        prompt = call.body["messages"][1]["content"]  # type: ignore[index]
+        assert "Sysop" not in prompt and "tractor" not in prompt
+        turns = [part.split("</turn>")[0] for part in prompt.split("<turn ")[1:]]
+        assert all("Orca" not in turn for turn in turns)
+
+
+def test_a_new_conversation_gets_what_is_relevant_and_the_short_chat_stays_as_sent(
+    remembering: Gateway, upstream: Upstream
+) -> None:
+    ask(remembering, "I prefer answers in Korean with English technical terms.")
+    ask(remembering, "Our billing service runs on Postgres 16 with pgbouncer in front.")
+    wait_for_jobs(remembering)
+    raw = ask(remembering, "Which pgbouncer pool mode suits our billing database?")
+    block = injected(upstream)
+    assert "Postgres 16 with pgbouncer" in block
+    assert "Korean" in block  # a standing preference comes whatever the question
+    sent = upstream.fake.last_chat().body["messages"]
+    assert sent[-1] == {"role": "user", "content": "Which pgbouncer pool mode suits our billing database?"}
+    assert len(sent) == 2  # the block, then the client's own message unchanged
+    request_id = raw.headers["x-gateway-request-id"]
+    record = httpx.get(
+        f"{remembering.server.url}/api/requests/{request_id}",
+        headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+    ).json()
+    section = record["report"]["sections"]["memory"]
+    ids = {m["id"]: m["content"] for m in memories(remembering)}
+    assert section["memory_ids"] and all(i in ids for i in section["memory_ids"])
+    assert any("pgbouncer" in ids[r["id"]] and r["similarity"] is not None for r in section["relevant"])
+    assert record["report"]["sent_tokens"] <= record["report"]["budget_tokens"]
+
+
+def test_nothing_is_added_when_nothing_is_relevant(remembering: Gateway, upstream: Upstream) -> None:
+    ask(remembering, "Our billing service runs on Postgres 16 with pgbouncer in front.")
+    wait_for_jobs(remembering)
+    ask(remembering, "Write a haiku about autumn leaves falling.")
+    assert injected(upstream) == ""
+    assert upstream.fake.last_chat().body["messages"] == [
+        {"role": "user", "content": "Write a haiku about autumn leaves falling."}
+    ]
+
+
+def test_a_changed_fact_supersedes_the_old_one_which_stays_as_history(
+    remembering: Gateway, upstream: Upstream
+) -> None:
+    ask(remembering, "Our billing service runs on Postgres 16.")
+    wait_for_jobs(remembering)
+    ask(remembering, "Our billing service now runs on Postgres 17.")
+    wait_for_jobs(remembering)
+    active = memories(remembering)
+    assert [m["content"] for m in active] == ["Our billing service now runs on Postgres 17."]
+    old = memories(remembering, status="superseded")
+    assert [m["content"] for m in old] == ["Our billing service runs on Postgres 16."]
+    assert old[0]["superseded_by"] == active[0]["id"]
+    assert [h["action"] for h in old[0]["history"]] == ["created", "superseded"]
+    ask(remembering, "Which Postgres version does our billing service run?")
+    block = injected(upstream)
+    assert "Postgres 17" in block and "Postgres 16" not in block
+
+
+def test_duplicates_are_merged_into_one_memory_with_both_sources(
+    remembering: Gateway, upstream: Upstream
+) -> None:
+    ask(remembering, "I am allergic to peanuts.")
+    wait_for_jobs(remembering)
+    ask(remembering, "Just so you know: I am allergic to peanuts!")
+    wait_for_jobs(remembering)
+    (memory,) = memories(remembering)
+    detail = httpx.get(
+        f"{remembering.server.url}/api/memories/{memory['id']}",
+        headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+    ).json()
+    assert len(detail["sources"]) == 2
+    assert len({s["conversation_id"] for s in detail["sources"]}) == 2
+
+
+def test_a_projects_memories_stay_in_that_project(remembering: Gateway, upstream: Upstream) -> None:
+    ask(remembering, "Our service runs on Postgres 16 in eu-west-1.", **{"X-Gateway-Project": "atlas"})
+    ask(remembering, "I prefer short answers without emojis.", **{"X-Gateway-Project": "atlas"})
+    wait_for_jobs(remembering)
+    scopes = {m["content"]: m["scope"] for m in memories(remembering)}
+    assert scopes == {
+        "Our service runs on Postgres 16 in eu-west-1.": "atlas",
+        "I prefer short answers without emojis.": "user",
+    }
+    ask(
+        remembering,
+        "Which Postgres version runs our service in eu-west-1?",
+        **{"X-Gateway-Project": "borealis"},
+    )
+    assert "Postgres 16" not in injected(upstream)
+    assert "short answers" in injected(upstream)  # the user's own scope is read everywhere
+    ask(remembering, "Which Postgres version runs our service in eu-west-1?")  # no project: user scope only
+    assert "Postgres 16" not in injected(upstream)
+    ask(
+        remembering, "Which Postgres version runs our service in eu-west-1?", **{"X-Gateway-Project": "atlas"}
+    )
+    assert "Postgres 16" in injected(upstream)
+
+
+def test_users_and_tenants_never_see_each_others_memories(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway(
+        [
+            tenant("acme", upstream.base_url, memory=MEMORY),
+            tenant("globex", upstream.base_url, memory=MEMORY),
+        ],
+        jobs=JOBS,
+    )
+    ask(gateway, "My locker code is 4711 and I work at the Porto office.", user="ana")
+    wait_for_jobs(gateway)
+    question = "What is my locker code at the Porto office?"
+    ask(gateway, question, user="ana")
+    assert "4711" in injected(upstream)
+    ask(gateway, question, user="bob")
+    assert "4711" not in injected(upstream)
+    ask(gateway, question, user="ana", key="sk-gw-globex")  # the same user id in another tenant
+    assert "4711" not in injected(upstream)
+    assert memories(gateway, "bob") == []
+    assert memories(gateway, "ana", key="sk-gw-globex") == []
+    (memory,) = memories(gateway, "ana")
+    other = httpx.get(
+        f"{gateway.server.url}/api/memories/{memory['id']}", headers={"Authorization": "Bearer sk-gw-globex"}
+    )
+    assert other.status_code == 404
+    gone = httpx.delete(
+        f"{gateway.server.url}/api/memories/{memory['id']}", headers={"Authorization": "Bearer sk-gw-globex"}
+    )
+    assert gone.status_code == 404 and len(memories(gateway, "ana")) == 1
+
+
+def _counts(gateway: Gateway, tmp_path: Path, user: str) -> tuple[int, int, int]:
+    engine = create_engine(gateway.config.storage.database_url)
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT count(*) FROM memories WHERE user_id = :u"), {"u": user}
+        ).scalar()
+        sources = connection.execute(text("SELECT count(*) FROM memory_sources")).scalar()
+    engine.dispose()
+
+    async def vectors() -> int:
+        index = LanceMemoryVectors.open(
+            gateway.config.storage.index_location, memory_table("all-MiniLM-L6-v2-int8"), 384
+        )
+        try:
+            return await index.count("acme", user)
+        finally:
+            await index.aclose()
+
+    return int(rows or 0), int(sources or 0), asyncio.run(vectors())
+
+
+def test_delete_all_of_a_user_leaves_nothing(
+    remembering: Gateway, upstream: Upstream, tmp_path: Path
+) -> None:
+    ask(remembering, "I am vegetarian. My daughter Mia is seven.")
+    ask(remembering, "I play the cello.", user="bob")
+    wait_for_jobs(remembering)
+    rows, sources, vectors = _counts(remembering, tmp_path, "ana")
+    assert rows == 2 and sources == 3 and vectors == 2  # sources: bob's one too
+    response = httpx.delete(
+        f"{remembering.server.url}/api/users/ana/memories", headers={"Authorization": f"Bearer {GATEWAY_KEY}"}
+    )
+    assert response.json()["deleted"] == 2
+    rows, sources, vectors = _counts(remembering, tmp_path, "ana")
+    assert (rows, sources, vectors) == (0, 1, 0)  # bob's one source link stays
+    assert contents(remembering, "bob") == ["I play the cello."]
+    # Deleting the whole user (conversations too) takes memories with it as well.
+    response = httpx.delete(
+        f"{remembering.server.url}/api/users/bob", headers={"Authorization": f"Bearer {GATEWAY_KEY}"}
+    )
+    assert response.json()["memories"] == 1
+    assert _counts(remembering, tmp_path, "bob") == (0, 0, 0)
+
+
+def test_incognito_requests_neither_read_nor_write(remembering: Gateway, upstream: Upstream) -> None:
+    ask(remembering, "I am vegetarian.")
+    wait_for_jobs(remembering)
+    calls = upstream.fake.memory_calls
+    raw = ask(remembering, "I love steak. What should I cook tonight?", **{"X-Gateway-Memory": "off"})
+    wait_for_jobs(remembering)
+    assert raw.headers["x-gateway-memory"] == "off"
+    assert injected(upstream) == ""
+    assert upstream.fake.memory_calls == calls
+    assert contents(remembering) == ["I am vegetarian."]
+
+
+def test_streamed_exchanges_are_learnt_too(remembering: Gateway, upstream: Upstream) -> None:
+    client = remembering.client(default_headers={"X-User-Id": "ana"})
+    stream = client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "My cat is called Pixel."}], stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    wait_for_jobs(remembering)
+    assert contents(remembering) == ["My cat is called Pixel."]
+
+
+def test_a_junk_extraction_reply_is_repaired_or_the_job_fails_visibly(
+    remembering: Gateway, upstream: Upstream
+) -> None:
+    # First job: junk, then a usable reply to the repair note.
+    upstream.fake.enqueue_memory(
+        Reply(content="Sure! Here are the memories you asked for."),
+        Reply(content='```json\n{"memories": [{"content": "I sing in a choir.", "type": "stable_fact", '
+              '"tags": [], "confidence": 0.9, "event_time": null, "source": 1}]}\n```'),
+    )  # fmt: skip
+    ask(remembering, "I sing in a choir.")
+    wait_for_jobs(remembering)
+    assert contents(remembering) == ["I sing in a choir."]
+    # Second job: junk on every call of every attempt: nothing stored, the job failed and kept.
+    upstream.fake.enqueue_memory(*[Reply(content="no json here")] * 4)
+    ask(remembering, "I run marathons.")
+    jobs = wait_for_jobs(remembering)
+    assert jobs.get("failed") == 1
+    assert contents(remembering) == ["I sing in a choir."]
+
+
+def test_memory_never_pushes_a_request_over_the_budget(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway(
+        [
+            tenant(
+                "acme",
+                upstream.base_url,
+                memory=MEMORY,
+                context={"budget_tokens": 400, "response_reserve_tokens": 50},
+            )
+        ],
+        jobs=JOBS,
+    )
+    headers = {"Authorization": f"Bearer {GATEWAY_KEY}"}
+    for n in range(30):
+        body = {
+            "content": f"The user prefers deployment window number {n} on Postgres cluster pg-{n}.",
+            "type": "preference",
+        }
+        assert (
+            httpx.post(f"{gateway.server.url}/api/users/ana/memories", json=body, headers=headers).status_code
+            == 201
+        )
+    for words in (5, 150, 260, 340):
+        raw = ask(gateway, "Postgres deployment window? " + "filler " * words)
+        record = httpx.get(
+            f"{gateway.server.url}/api/requests/{raw.headers['x-gateway-request-id']}", headers=headers
+        ).json()
+        report = record["report"]
+        assert report["sent_tokens"] <= report["budget_tokens"], report
+
+
+def test_memory_api_round_trip_and_bad_input(remembering: Gateway) -> None:
+    base = f"{remembering.server.url}/api"
+    headers = {"Authorization": f"Bearer {GATEWAY_KEY}", "X-User-Id": "ana"}
+    made = httpx.post(
+        f"{base}/memories",
+        json={
+            "content": "Ana's team deploys on Thursdays.",
+            "type": "project",
+            "tags": ["Deploy"],
+            "event_time": "2026-11-02",
+        },
+        headers=headers,
+    )
+    assert made.status_code == 201, made.text
+    memory = made.json()
+    assert memory["tags"] == ["deploy"] and memory["event_at"].startswith("2026-11-02")
+    edited = httpx.patch(
+        f"{base}/memories/{memory['id']}", json={"content": "Ana's team deploys on Fridays."}, headers=headers
+    )
+    assert (
+        edited.status_code == 200
+        and edited.json()["history"][-1]["content"] == "Ana's team deploys on Thursdays."
+    )
+    found = httpx.get(
+        f"{base}/memories/search", params={"q": "when does the team deploy"}, headers=headers
+    ).json()
+    assert found["data"][0]["content"] == "Ana's team deploys on Fridays."
+    assert httpx.get(f"{base}/memories", params={"type": "project"}, headers=headers).json()["data"]
+    assert httpx.get(f"{base}/memories", params={"tag": "nope"}, headers=headers).json()["data"] == []
+    exported = httpx.get(f"{base}/users/ana/memories/export", headers=headers).json()
+    assert [m["content"] for m in exported["memories"]] == ["Ana's team deploys on Fridays."]
+    imported = httpx.post(
+        f"{base}/users/zoe/memories/import", json={"memories": exported["memories"]}, headers=headers
+    )
+    assert imported.status_code == 201 and imported.json()["imported"] == 1
+    assert contents(remembering, "zoe") == ["Ana's team deploys on Fridays."]
+    bad_bodies = [
+        (b"{not json", None),
+        (json.dumps({"content": "x", "colour": "red"}).encode(), "colour"),
+        (json.dumps({"content": "x" * 601}).encode(), "content"),
+        (json.dumps({"content": "fine", "type": "gossip"}).encode(), "type"),
+        (json.dumps({"content": "fine", "event_time": "last tuesday"}).encode(), "event_time"),
+    ]
+    for raw, field in bad_bodies:
+        response = httpx.post(f"{base}/memories", content=raw, headers=headers)
+        assert response.status_code == 400, raw
+        if field is not None:
+            assert response.json()["error"]["param"] == field, response.text
+    too_long = {"memories": [{"content": "fine"}, {"content": "y" * 700}]}
+    response = httpx.post(f"{base}/memories/import", json=too_long, headers=headers)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "memories.1.content"
+    assert len(memories(remembering)) == 1  # nothing of a refused body was stored
+    no_user = httpx.get(f"{base}/memories", headers={"Authorization": f"Bearer {GATEWAY_KEY}"})
+    assert no_user.status_code == 400 and no_user.json()["error"]["param"] == "user_id"
+    assert httpx.delete(f"{base}/memories/{memory['id']}", headers=headers).json()["deleted"] is True
+    assert httpx.get(f"{base}/memories/{memory['id']}", headers=headers).status_code == 404
