@@ -209,6 +209,15 @@ class MemoryWork:
         )
 
 
+PROFILE = "memory_profile"
+
+
+def profile_job(tenant: str, user_id: str, model: str | None, delay_seconds: float = 0.0) -> NewJob:
+    """Rewrite a user's profile document from their active memories; one pending job per user."""
+    payload: JSONObject = {"user_id": user_id, "model": model}
+    return NewJob(PROFILE, tenant, payload, key=f"{PROFILE}:{user_id}", delay_seconds=delay_seconds)
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     id: str

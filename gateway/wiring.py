@@ -14,6 +14,7 @@ from gateway.errors import StoreError
 from gateway.jobs.compact import CompactHandler, CompactionTarget
 from gateway.jobs.embed import EmbedHandler, IndexTarget
 from gateway.jobs.extract_memory import ExtractMemoryHandler, MemoryTarget
+from gateway.jobs.memory_profile import ProfileHandler
 from gateway.jobs.worker import JobHandler, WorkerPool
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.scope import MemoryScopeStep, incognito
@@ -42,7 +43,15 @@ from gateway.ports import (
     Upstream,
     VectorIndex,
 )
-from gateway.records import COMPACT, EMBED, EXTRACT_MEMORY, Conversation, IndexBacklog, embed_key_prefix
+from gateway.records import (
+    COMPACT,
+    EMBED,
+    EXTRACT_MEMORY,
+    PROFILE,
+    Conversation,
+    IndexBacklog,
+    embed_key_prefix,
+)
 from gateway.tenants import Tenant, TenantRegistry
 
 log = logging.getLogger(__name__)
@@ -402,16 +411,19 @@ def build_deps(
         for t in tenants.tenants
         if compacts(t.config)
     }
+    # Tenants whose memory is learnt in the background (with a key of the gateway's own).
+    learners = {t.name: memory[t.name] for t in config.tenants if t.name in memory and learns(t)}
     all_handlers: dict[str, JobHandler] = {
         COMPACT: CompactHandler(store, summaries, tokenizers, targets.get),
         EMBED: EmbedHandler(store, indexes.get, sql.jobs),
         EXTRACT_MEMORY: ExtractMemoryHandler(
             store,
             memories,
-            {t.name: memory[t.name] for t in config.tenants if t.name in memory and learns(t)}.get,
+            learners.get,
             sql.jobs,
             clock,
         ),
+        PROFILE: ProfileHandler(memories, learners.get),
     }
     all_handlers.update(handlers or {})
     jobs = sql.jobs

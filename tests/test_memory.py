@@ -20,7 +20,7 @@ from gateway.wiring import memory_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant, wait_for_jobs
 
 JOBS = {"poll_seconds": 0.05, "retry_base_seconds": 0.05, "lease_seconds": 20, "max_attempts": 2}
-MEMORY = {"enabled": True, "extract_delay_seconds": 0}
+MEMORY = {"enabled": True, "extract_delay_seconds": 0, "profile_delay_seconds": 0}
 
 
 def ask(gateway: Gateway, text: str, *, user: str = "ana", key: str = GATEWAY_KEY, **headers: str) -> Any:
@@ -122,7 +122,14 @@ def test_a_new_conversation_gets_what_is_relevant_and_the_short_chat_stays_as_se
     assert record["report"]["sent_tokens"] <= record["report"]["budget_tokens"]
 
 
-def test_nothing_is_added_when_nothing_is_relevant(remembering: Gateway, upstream: Upstream) -> None:
+def test_nothing_is_added_when_nothing_is_relevant(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    # Without a profile (which, once written, comes with every request of the user, like standing
+    # preferences), an unrelated question gets nothing.
+    remembering = make_gateway(
+        [tenant("acme", upstream.base_url, memory={**MEMORY, "profile": False})], jobs=JOBS
+    )
     ask(remembering, "Our billing service runs on Postgres 16 with pgbouncer in front.")
     wait_for_jobs(remembering)
     ask(remembering, "Write a haiku about autumn leaves falling.")
@@ -397,3 +404,37 @@ def test_memory_api_round_trip_and_bad_input(remembering: Gateway) -> None:
     assert no_user.status_code == 400 and no_user.json()["error"]["param"] == "user_id"
     assert httpx.delete(f"{base}/memories/{memory['id']}", headers=headers).json()["deleted"] is True
     assert httpx.get(f"{base}/memories/{memory['id']}", headers=headers).status_code == 404
+
+
+def test_the_profile_is_written_from_memories_shown_and_the_users_edit_wins(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    memory = {**MEMORY, "profile_delay_seconds": 0}
+    gateway = make_gateway([tenant("acme", upstream.base_url, memory=memory)], jobs=JOBS)
+    base = f"{gateway.server.url}/api/users/ana/profile"
+    headers = {"Authorization": f"Bearer {GATEWAY_KEY}"}
+    assert httpx.get(base, headers=headers).json()["shown"] is None
+    ask(gateway, "I prefer short answers without emojis.")
+    wait_for_jobs(gateway)
+    profile = httpx.get(base, headers=headers).json()
+    assert "short answers without emojis" in profile["generated"] and profile["memories"] == 1
+    assert profile["shown"] == profile["generated"] and profile["edited"] is None
+    ask(gateway, "Write a haiku about autumn leaves.")
+    block = injected(upstream)
+    assert "their profile" in block and block.count("short answers without emojis") == 1
+    edited = httpx.put(base, json={"content": "Ana likes long, detailed answers."}, headers=headers).json()
+    assert edited["shown"] == "Ana likes long, detailed answers."
+    ask(gateway, "I love hiking in the Alps.")  # a new memory: the job rewrites the generated text only
+    wait_for_jobs(gateway)
+    profile = httpx.get(base, headers=headers).json()
+    assert "hiking" in profile["generated"] and profile["edited"] == "Ana likes long, detailed answers."
+    ask(gateway, "Write a haiku about autumn leaves.")
+    block = injected(upstream)
+    assert "Ana likes long, detailed answers." in block and "short answers without emojis" not in block
+    assert "hiking in the Alps" not in block.split("their profile")[0]
+    too_long = httpx.put(base, json={"content": "x" * 9000}, headers=headers)
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "content"
+    reset = httpx.put(base, json={"content": None}, headers=headers).json()
+    assert reset["edited"] is None and "hiking" in reset["shown"]
+    httpx.delete(f"{gateway.server.url}/api/users/ana/memories", headers=headers)
+    assert httpx.get(base, headers=headers).json()["shown"] is None

@@ -410,7 +410,7 @@ def test_forget_conversations_drops_links_and_cursors_not_memories(
     asyncio.run(scenario())
 
 
-def test_memories_migration_applies_over_a_database_at_0003(
+def test_memory_migrations_apply_over_a_database_at_0003(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = build_engine(database_url)
@@ -420,8 +420,9 @@ def test_memories_migration_applies_over_a_database_at_0003(
             patch.setattr(migrations, "MIGRATIONS", earlier)
             assert migrations.migrate(engine) == [name for name, _ in earlier]
         assert "memories" not in inspect(engine).get_table_names()
-        assert migrations.migrate(engine) == ["0004_memories"]
-        assert {"memories", "memory_sources", "memory_cursors"} <= set(inspect(engine).get_table_names())
+        assert migrations.migrate(engine) == ["0004_memories", "0005_memory_profiles"]
+        tables = set(inspect(engine).get_table_names())
+        assert {"memories", "memory_sources", "memory_cursors", "memory_profiles"} <= tables
         assert migrations.migrate(engine) == []
 
         async def scenario() -> None:
@@ -454,5 +455,32 @@ def test_a_link_racing_a_delete_leaves_no_orphan(sql: SqlStore, store: SqlMemory
         with pytest.raises(StoreError):
             await linking
         assert count(sql.engine, "memory_sources") == 0
+
+    asyncio.run(scenario())
+
+
+def test_profile_keeps_the_job_text_and_the_users_edit_apart(store: SqlMemoryStore) -> None:
+    async def scenario() -> None:
+        assert await store.profile("acme", "u1") is None
+        await store.save_profile("acme", "u1", generated="## Style\n- terse", memories=3)
+        edited = await store.edit_profile("acme", "u1", "Ana likes detail.")
+        assert (edited.generated, edited.edited, edited.shown) == (
+            "## Style\n- terse",
+            "Ana likes detail.",
+            "Ana likes detail.",
+        )
+        await store.save_profile("acme", "u1", generated="## Style\n- verbose", memories=4)
+        again = await store.profile("acme", "u1")
+        assert (
+            again is not None
+            and again.edited == "Ana likes detail."
+            and again.generated == "## Style\n- verbose"
+        )
+        assert again.generated_at is not None and again.generated_at.tzinfo is not None
+        reset = await store.edit_profile("acme", "u1", None)
+        assert reset.shown == "## Style\n- verbose" and reset.edited_at is None
+        assert await store.profile("globex", "u1") is None and await store.profile("acme", "u2") is None
+        await store.delete_user("acme", "u1")
+        assert await store.profile("acme", "u1") is None
 
     asyncio.run(scenario())

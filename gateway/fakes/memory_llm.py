@@ -5,7 +5,7 @@ about the speaker ("I", "my", "we", "our", ...) becomes a memory holding that se
 turn. Resolution: a candidate that says the fact changed ("now", "moved to", "switched", "no longer")
 supersedes the closest existing memory; one whose words hold an existing memory's, or are held by
 them, is a NOOP;
-anything else is added. Good enough to test the pipeline around the model, and said to be a stand-in
+anything else is added. A profile lists every memory it was given. Good enough to test the pipeline around the model, and said to be a stand-in
 wherever its figures are reported.
 """
 
@@ -15,7 +15,7 @@ import re
 
 import orjson
 
-from gateway.memory.prompts import EXTRACT_MARKER, RESOLVE_MARKER
+from gateway.memory.prompts import EXTRACT_MARKER, PROFILE_MARKER, RESOLVE_MARKER
 from gateway.ports import JSONObject
 
 _TURN = re.compile(r'<turn n="(\d+)"[^>]*>\n(.*?)\n</turn>', re.DOTALL)
@@ -45,6 +45,8 @@ def memory_answer(body: JSONObject) -> str | None:
         return orjson.dumps({"memories": extract(text)}).decode()
     if instruction.startswith(RESOLVE_MARKER):
         return orjson.dumps({"decisions": resolve(text)}).decode()
+    if instruction.startswith(PROFILE_MARKER):
+        return profile(text)
     return None
 
 
@@ -52,7 +54,7 @@ def is_memory_call(body: JSONObject) -> bool:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
         return False
-    return str(messages[0].get("content") or "").startswith((EXTRACT_MARKER, RESOLVE_MARKER))
+    return str(messages[0].get("content") or "").startswith((EXTRACT_MARKER, RESOLVE_MARKER, PROFILE_MARKER))
 
 
 def extract(transcript: str) -> list[JSONObject]:
@@ -73,6 +75,12 @@ def extract(transcript: str) -> list[JSONObject]:
                 }
             )
     return out
+
+
+def profile(text: str) -> str:
+    """Every memory it was given, as one bullet list, newest last."""
+    items = [line.split(") ", 1)[-1] for line in text.splitlines() if line.startswith("- [")]
+    return "## Standing preferences\n" + "\n".join(f"- {item}" for item in items)
 
 
 def resolve(text: str) -> list[JSONObject]:

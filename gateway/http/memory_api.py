@@ -9,6 +9,9 @@ DELETE /api/users/{user_id}/memories  delete every memory of the user (rows, vec
 GET    .../memories/search?q=       the memories recall would find for `q` (&project= adds a project)
 GET    .../memories/export          every memory of the user, any status, with sources and history
 POST   .../memories/import          {"memories": [...]} as exported (or as created): added as new
+GET    .../profile                  the user's profile: generated, edited (their own version), shown
+PUT    .../profile                  {"content": "..."}: the user's own version; null: back to generated
+POST   .../profile/refresh          rewrite the generated profile now (202, a job)
 GET    /api/memories/{id}           one memory with its sources and history
 PATCH  /api/memories/{id}           edit content, type, scope, tags, event_time or status
 DELETE /api/memories/{id}           delete it for good
@@ -27,13 +30,15 @@ from starlette.routing import Route
 
 from gateway.errors import InvalidRequest, NotFound
 from gateway.http.api import MAX_LIMIT, _int_param, _json
-from gateway.memory.records import MEMORY_STATUSES, MEMORY_TYPES, USER_SCOPE, Memory, MemoryFilter
+from gateway.memory.records import MEMORY_STATUSES, MEMORY_TYPES, USER_SCOPE, Memory, MemoryFilter, Profile
 from gateway.memory.service import MemoryDraft, MemoryService
 from gateway.pipeline.validate import parse_json_object
+from gateway.records import profile_job
 from gateway.tenants import Caller
 from gateway.wiring import Deps
 
 MAX_IMPORT = 5_000
+MAX_PROFILE_CHARS = 8_000
 M = TypeVar("M", bound=BaseModel)
 MemoryType = Literal["preference", "profile", "project", "constraint", "stable_fact", "event"]
 
@@ -65,6 +70,10 @@ class MemoryPatch(_Body):
     tags: list[str] | None = Field(default=None, max_length=20)
     event_time: datetime | None = None  # a date alone is midnight UTC
     status: Literal["active", "superseded"] | None = None
+
+
+class ProfileIn(_Body):
+    content: str | None = Field(max_length=MAX_PROFILE_CHARS)
 
 
 class ImportBody(_Body):
@@ -263,6 +272,37 @@ async def delete_memory(request: Request) -> Response:
     return _json({"object": "memory.deleted", "id": memory.id, "deleted": True})
 
 
+def _profile_out(tenant: str, user: str, profile: Profile | None) -> dict[str, object]:
+    if profile is None:
+        profile = Profile(tenant, user, None, None, 0, None, None)
+    return {"object": "memory.profile", **asdict(profile), "shown": profile.shown}
+
+
+async def get_profile(request: Request) -> Response:
+    service, tenant = _service(request)
+    user = _user(request)
+    return _json(_profile_out(tenant, user, await service.store.profile(tenant, user)))
+
+
+async def put_profile(request: Request) -> Response:
+    service, tenant = _service(request)
+    user = _user(request)
+    body = _parsed(ProfileIn, await request.body())
+    profile = await service.store.edit_profile(tenant, user, body.content or None)
+    return _json(_profile_out(tenant, user, profile))
+
+
+async def refresh_profile(request: Request) -> Response:
+    deps: Deps = request.state.deps
+    _, tenant = _service(request)
+    user = _user(request)
+    job_id = await deps.jobs.enqueue(profile_job(tenant, user, None))
+    deps.workers.notify()
+    response = _json({"object": "job", "id": job_id, "queued": job_id is not None})
+    response.status_code = 202
+    return response
+
+
 def memory_routes() -> list[Route]:
     routes: list[Route] = []
     for base in ("/api/memories", "/api/users/{user_id}/memories"):
@@ -272,6 +312,12 @@ def memory_routes() -> list[Route]:
             Route(f"{base}/search", search_memories, methods=["GET"]),
             Route(f"{base}/export", export_memories, methods=["GET"]),
             Route(f"{base}/import", import_memories, methods=["POST"]),
+        ]
+    for base in ("/api/profile", "/api/users/{user_id}/profile"):
+        routes += [
+            Route(base, get_profile, methods=["GET"]),
+            Route(base, put_profile, methods=["PUT"]),
+            Route(f"{base}/refresh", refresh_profile, methods=["POST"]),
         ]
     return [
         *routes,

@@ -20,12 +20,12 @@ from gateway.config import MemoryConfig
 from gateway.memory.llm import CallStats, ask
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.prompts import Candidate, Turn, extraction_request, resolution_request
-from gateway.memory.records import Memory
+from gateway.memory.records import USER_SCOPE, Memory
 from gateway.memory.replies import Decision, candidates, decisions
 from gateway.memory.resolve import Resolver
 from gateway.pipeline.text import message_text
 from gateway.ports import Embedder, JobQueue, MessageStore, Upstream
-from gateway.records import Job, MemoryWork, StoredMessage
+from gateway.records import Job, MemoryWork, StoredMessage, profile_job
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,10 @@ class ExtractMemoryHandler:
             work.conversation_id, len(turns), len(found), len(resolution.added),
             len(resolution.updated), len(resolution.links),
         )  # fmt: skip
+        changed = [*resolution.added, *resolution.updated.values()]
+        if target.config.profile and any(m.scope == USER_SCOPE for m in changed):
+            delay = target.config.profile_delay_seconds
+            await self.queue.enqueue(profile_job(job.tenant, work.user_id, work.model, delay))
         if end < len(path) - 1:  # a long backlog: the rest in a job of its own
             after = MemoryWork(work.conversation_id, work.user_id, work.scope, work.model, path[end].node.id)
             await self.queue.enqueue(after.job(job.tenant))

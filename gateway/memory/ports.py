@@ -15,6 +15,7 @@ from gateway.memory.records import (
     MemoryQuery,
     MemoryRow,
     MemorySearchResult,
+    Profile,
 )
 
 
@@ -44,13 +45,25 @@ class MemoryStore(Protocol):
         ...
 
     async def delete_user(self, tenant: str, user_id: str) -> list[str]:
-        """Remove every memory of the user with its sources; returns the ids removed. The extraction
+        """Remove every memory of the user with its sources, and their profile; returns the ids removed. The extraction
         cursors stay (they hold no words): the user's conversations are not read again from the root, so
         what was deleted is not learnt again from old turns."""
         ...
 
     async def cursor(self, tenant: str, conversation_id: str) -> str | None:
         """The message extraction has read up to in this conversation."""
+        ...
+
+    async def profile(self, tenant: str, user_id: str) -> Profile | None: ...
+
+    async def save_profile(
+        self, tenant: str, user_id: str, *, generated: str | None = None, memories: int = 0
+    ) -> None:
+        """Store the job's text (the user's own edit, if any, is left as it is)."""
+        ...
+
+    async def edit_profile(self, tenant: str, user_id: str, edited: str | None) -> Profile:
+        """Store the user's own version (None: back to the generated one)."""
         ...
 
     async def forget_conversations(self, tenant: str, conversation_ids: Sequence[str]) -> None:

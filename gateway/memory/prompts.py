@@ -17,6 +17,7 @@ from gateway.ports import JSONObject
 
 EXTRACT_MARKER = "[context-gateway:extract-memories]"
 RESOLVE_MARKER = "[context-gateway:resolve-memories]"
+PROFILE_MARKER = "[context-gateway:write-profile]"
 REPAIR_NOTE = (
     "Your previous reply was not valid JSON of the required shape. Reply again with only the JSON object, "
     "nothing before or after it."
@@ -94,6 +95,32 @@ RESOLVE_SCHEMA: JSONObject = {
     "required": ["decisions"],
     "additionalProperties": False,
 }
+
+
+PROFILE_SYSTEM = f"""{PROFILE_MARKER}
+You write a user's profile from what their long-term memory holds: a short document another assistant
+reads before every conversation with them. Sections (leave one out when empty):
+## Style and language
+## Background
+## Standing preferences
+## Constraints
+Only what the memories say; newer memories win where they disagree; names and identifiers verbatim.
+Terse bullet points. Stay under {{limit}} tokens. Reply with the document only."""
+
+
+def profile_request(model: str, memories: Sequence[Memory], limit: int) -> JSONObject:
+    lines = [
+        f"- [{(m.event_at or m.created_at):%Y-%m-%d}] ({m.type}) {m.content}"
+        for m in sorted(memories, key=lambda m: m.event_at or m.created_at)
+    ]
+    return {
+        "model": model,
+        "temperature": 0,
+        "messages": [
+            {"role": "system", "content": PROFILE_SYSTEM.replace("{limit}", str(limit))},
+            {"role": "user", "content": "<memories>\n" + "\n".join(lines) + "\n</memories>"},
+        ],
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,25 @@ class Memory:
 
 
 @dataclass(frozen=True, slots=True)
+class Profile:
+    """One user's profile document: `generated` by the profile job from their active memories, and
+    `edited`, the user's own version, which is shown instead whenever it is set and which the job never
+    touches."""
+
+    tenant: str
+    user_id: str
+    generated: str | None
+    edited: str | None
+    memories: int  # active memories the generated text was written from
+    generated_at: datetime | None
+    edited_at: datetime | None
+
+    @property
+    def shown(self) -> str | None:
+        return self.edited if self.edited is not None else self.generated
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryFilter:
     """Which memories of one user to list; every field narrows, None means any."""
 

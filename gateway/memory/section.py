@@ -10,6 +10,7 @@ left out, so an unrelated question gets only the standing part, or nothing.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from datetime import UTC, datetime
 from gateway.config import MemoryConfig
 from gateway.errors import EmbeddingError
 from gateway.memory.ports import MemoryStore, MemoryVectors
-from gateway.memory.records import ACTIVE, Memory, MemoryFilter, MemoryHit, MemoryQuery
+from gateway.memory.records import ACTIVE, USER_SCOPE, Memory, MemoryFilter, MemoryHit, MemoryQuery, Profile
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.text import message_text
 from gateway.ports import JSON, Embedder, JSONObject
@@ -47,6 +48,7 @@ class _Ranked:
 @dataclass(slots=True)
 class _Found:
     standing: list[Memory] = field(default_factory=list)
+    profile: Profile | None = None
     relevant: list[_Ranked] = field(default_factory=list)
     detail: JSONObject = field(default_factory=dict)
 
@@ -73,24 +75,43 @@ class MemorySection:
         found = await self._find(build)
         found.detail["ms"] = round((time.perf_counter() - started) * 1000, 3)
         build.memo[self.name] = found
-        return self.allowance if found.standing or found.relevant else 0
+        return self.allowance if found.standing or found.relevant or found.profile else 0
 
     async def _find(self, build: BuildInput) -> _Found:
         scope = build.call.state.memory
         if scope is None:
             return _Found(detail={"skipped": "no memory for this call"})
         tenant = build.call.tenant
-        standing = await self.memories.find(
-            tenant, MemoryFilter(scope.user_id, scope.scopes, STANDING_TYPES, limit=STANDING_MAX)
-        )
         question = message_text(build.current[0].message) if build.current else ""
-        if not question.strip():
-            return _Found(standing, [])
-        vector = await self._embed(build, question)
-        query = MemoryQuery(tenant, scope.user_id, scope.scopes, question, vector, self.config.top_n * 4)
-        result = await self.vectors.search(query)
-        fused = _fuse(result.semantic, result.keyword)
-        rows = {m.id: m for m in await self.memories.many(tenant, list(fused))}
+
+        async def search() -> tuple[dict[str, tuple[float, float | None, bool]], dict[str, Memory], bool]:
+            if not question.strip():
+                return {}, {}, False
+            vector = await self._embed(build, question)
+            query = MemoryQuery(tenant, scope.user_id, scope.scopes, question, vector, self.config.top_n * 4)
+            result = await self.vectors.search(query)
+            fused = _fuse(result.semantic, result.keyword)
+            rows = {m.id: m for m in await self.memories.many(tenant, list(fused))} if fused else {}
+            return fused, rows, vector is not None
+
+        async def profile() -> Profile | None:
+            if not self.config.profile:
+                return None
+            found = await self.memories.profile(tenant, scope.user_id)
+            return found if found is not None and found.shown else None
+
+        # The standing part (SQL reads) while the question is embedded and searched.
+        standing, user_profile, (fused, rows, embedded) = await asyncio.gather(
+            self.memories.find(
+                tenant, MemoryFilter(scope.user_id, scope.scopes, STANDING_TYPES, limit=STANDING_MAX)
+            ),
+            profile(),
+            search(),
+        )
+        if user_profile is not None:
+            # The profile covers the user's own standing memories up to when it was written or edited.
+            written = max(t for t in (user_profile.generated_at, user_profile.edited_at) if t is not None)
+            standing = [m for m in standing if m.scope != USER_SCOPE or m.updated_at > written]
         shown = {m.id for m in standing}
         gate = self.relevant_similarity
         now = datetime.now(UTC)
@@ -109,9 +130,8 @@ class MemorySection:
             score += RECENCY_WEIGHT / (1.0 + age_days / RECENCY_DAYS)
             relevant.append(_Ranked(memory, score, similarity, keyword))
         relevant.sort(key=lambda r: r.score, reverse=True)
-        return _Found(
-            standing, relevant[: self.config.top_n], {"searched": len(fused), "embedded": vector is not None}
-        )
+        detail: JSONObject = {"searched": len(fused), "embedded": embedded}
+        return _Found(standing, user_profile, relevant[: self.config.top_n], detail)
 
     async def _embed(self, build: BuildInput, question: str) -> list[float] | None:
         if self.embedder is None:
@@ -134,8 +154,18 @@ class MemorySection:
         lines = [HEADER]
         standing_ids: list[str] = []
         relevant: list[JSONObject] = []
+        profile_used = False
+        if found.profile is not None and found.profile.shown:
+            block = f"About this user (their profile):\n{found.profile.shown}"
+            cost = count(block)
+            if cost <= 2 * self.config.profile_tokens and used + cost <= allowance:  # never cut mid-way
+                lines.append(block)
+                used += cost
+                profile_used = True
+            else:
+                detail["profile_skipped"] = "over its allowance"
         if found.standing:
-            room = int(allowance * STANDING_SHARE) if found.relevant else allowance
+            room = max(int(allowance * STANDING_SHARE), used) if found.relevant else allowance
             title = "Standing preferences and facts:"
             cost = count(title)
             taken: list[str] = []
@@ -178,7 +208,8 @@ class MemorySection:
         detail["memory_ids"] = ids
         detail["standing"] = list[JSON](standing_ids)
         detail["relevant"] = list[JSON](relevant)
-        if not standing_ids and not relevant:
+        detail["profile"] = profile_used
+        if not standing_ids and not relevant and not profile_used:
             return Proposal(detail=detail)
         text = "\n".join(lines)
         return Proposal(tokens=count(text), text=text, detail=detail)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from typing import TypeVar
@@ -29,18 +29,20 @@ from sqlmodel import SQLModel
 
 from gateway.adapters.sql.tables import (
     MemoryCursorRow,
+    MemoryProfileRow,
     MemoryRecordRow,
     MemorySourceRow,
     utcnow,
 )
 from gateway.errors import StoreError
-from gateway.memory.records import ACTIVE, Memory, MemoryChanges, MemoryFilter, MemorySource
+from gateway.memory.records import ACTIVE, Memory, MemoryChanges, MemoryFilter, MemorySource, Profile
 
 T = TypeVar("T")
 _IN_CHUNK = 900  # stays under SQLite's default bound-parameter limit
 _MEMORIES = SQLModel.metadata.tables[str(MemoryRecordRow.__tablename__)]
 _SOURCES = SQLModel.metadata.tables[str(MemorySourceRow.__tablename__)]
 _CURSORS = SQLModel.metadata.tables[str(MemoryCursorRow.__tablename__)]
+_PROFILES = SQLModel.metadata.tables[str(MemoryProfileRow.__tablename__)]
 # Newest first; the id breaks ties so pages never overlap or skip.
 _NEWEST_FIRST = (_MEMORIES.c.updated_at.desc(), _MEMORIES.c.id.desc())
 
@@ -205,9 +207,45 @@ class SqlMemoryStore:
                 # The extraction cursors stay: they hold no words, and without them the user's next turn
                 # in an old conversation would read it from the root and learn the deleted facts again.
                 ids, _ = _delete_memories(connection, tenant, _MEMORIES.c.user_id == user_id)
+                connection.execute(
+                    delete(_PROFILES).where(_PROFILES.c.tenant == tenant, _PROFILES.c.user_id == user_id)
+                )
                 return ids
 
         return await self._run(run)
+
+    async def profile(self, tenant: str, user_id: str) -> Profile | None:
+        def run() -> Profile | None:
+            query = sa_select(_PROFILES).where(_PROFILES.c.tenant == tenant, _PROFILES.c.user_id == user_id)
+            with self.engine.connect() as connection:
+                row = connection.execute(query).mappings().first()
+            return None if row is None else _profile(row)
+
+        return await self._run(run)
+
+    async def save_profile(
+        self, tenant: str, user_id: str, *, generated: str | None = None, memories: int = 0
+    ) -> None:
+        values = {"generated": generated, "memories": memories, "generated_at": utcnow()}
+        await self._run(partial(self._upsert_profile, tenant, user_id, values))
+
+    async def edit_profile(self, tenant: str, user_id: str, edited: str | None) -> Profile:
+        values = {"edited": edited, "edited_at": utcnow() if edited is not None else None}
+        await self._run(partial(self._upsert_profile, tenant, user_id, values))
+        found = await self.profile(tenant, user_id)
+        assert found is not None
+        return found
+
+    def _upsert_profile(self, tenant: str, user_id: str, values: Mapping[str, object]) -> None:
+        """Only the given columns change: the job's write keeps the user's edit, and the user's keeps
+        the job's text."""
+        dialect_insert = pg_insert if self._postgres else sqlite_insert
+        statement = dialect_insert(_PROFILES).values(tenant=tenant, user_id=user_id, **values)
+        statement = statement.on_conflict_do_update(
+            index_elements=["tenant", "user_id"], set_={k: statement.excluded[k] for k in values}
+        )
+        with self.engine.begin() as connection:
+            connection.execute(statement)
 
     async def cursor(self, tenant: str, conversation_id: str) -> str | None:
         def run() -> str | None:
@@ -329,4 +367,19 @@ def _memory(row: RowMapping, sources: tuple[MemorySource, ...]) -> Memory:
         updated_at=_utc(row["updated_at"]),
         sources=sources,
         history=tuple(row["history"]),
+    )
+
+
+def _profile(row: RowMapping) -> Profile:
+    def aware(value: datetime | None) -> datetime | None:
+        return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+    return Profile(
+        row["tenant"],
+        row["user_id"],
+        row["generated"],
+        row["edited"],
+        int(row["memories"] or 0),
+        aware(row["generated_at"]),
+        aware(row["edited_at"]),
     )

@@ -14,6 +14,7 @@ from gateway.adapters.sql.tables import (
     ConversationRow,
     JobRow,
     MemoryCursorRow,
+    MemoryProfileRow,
     MemoryRecordRow,
     MemorySourceRow,
     MessageRow,
@@ -45,11 +46,18 @@ def _memories(connection: Connection) -> None:
     SQLModel.metadata.create_all(connection, tables=[SQLModel.metadata.tables[str(n)] for n in names])
 
 
+def _memory_profiles(connection: Connection) -> None:
+    SQLModel.metadata.create_all(
+        connection, tables=[SQLModel.metadata.tables[str(MemoryProfileRow.__tablename__)]]
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     ("0001_conversations_messages_requests", _initial),
     ("0002_jobs", _jobs),
     ("0003_summaries", _summaries),
     ("0004_memories", _memories),
+    ("0005_memory_profiles", _memory_profiles),
 )
 
 # Serialises migrations between gateway replicas starting together on one Postgres.

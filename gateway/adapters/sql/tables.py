@@ -216,3 +216,19 @@ class MemoryCursorRow(SQLModel, table=True):
     user_id: str | None = Field(default=None, max_length=200)
     node_id: str = Field(max_length=32)
     updated_at: datetime = Field(sa_column=_timestamp())
+
+
+class MemoryProfileRow(SQLModel, table=True):
+    """A user's profile document: the job's text and the user's own edit, kept apart."""
+
+    __tablename__ = "memory_profiles"
+
+    tenant: str = Field(primary_key=True, max_length=200)
+    user_id: str = Field(primary_key=True, max_length=200)
+    generated: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    edited: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    memories: int = 0
+    generated_at: datetime | None = Field(
+        default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
+    )
+    edited_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=True))
