@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,24 @@ MEMORY = {"enabled": True, "extract_delay_seconds": 0, "profile_delay_seconds": 
 def ask(gateway: Gateway, text: str, *, user: str = "ana", key: str = GATEWAY_KEY, **headers: str) -> Any:
     """One new conversation's first question; returns the raw response (headers + parsed body)."""
     client = gateway.client(api_key=key, default_headers={"X-User-Id": user, **headers})
-    return client.chat.completions.with_raw_response.create(
+    raw = client.chat.completions.with_raw_response.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": text}]
     )
+    recorded(gateway, raw.headers["x-gateway-request-id"], key)
+    return raw
+
+
+def recorded(gateway: Gateway, request_id: str, key: str = GATEWAY_KEY) -> None:
+    """Until the request's record is stored: its jobs are queued in the same transaction, after the last
+    byte (so `wait_for_jobs` cannot miss them)."""
+    for _ in range(500):
+        response = httpx.get(
+            f"{gateway.server.url}/api/requests/{request_id}", headers={"Authorization": f"Bearer {key}"}
+        )
+        if response.status_code == 200:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"request {request_id} was never recorded")
 
 
 def memories(gateway: Gateway, user: str = "ana", key: str = GATEWAY_KEY, **params: str) -> list[Any]:
@@ -61,7 +77,7 @@ def remembering(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> Gat
 def test_facts_come_from_the_users_turns_only(remembering: Gateway, upstream: Upstream) -> None:
     upstream.fake.enqueue(Reply(content="Noted. I myself am a keen sailor and my boat is called Orca."))
     client = remembering.client(default_headers={"X-User-Id": "ana"})
-    client.chat.completions.create(
+    raw = client.chat.completions.with_raw_response.create(
         model="gpt-4o-mini",
         messages=[
             {"role": "system", "content": "You are helpful. I am the system and my name is Sysop Prime."},
@@ -72,9 +88,10 @@ def test_facts_come_from_the_users_turns_only(remembering: Gateway, upstream: Up
             },
         ],
     )
+    recorded(remembering, raw.headers["x-gateway-request-id"])
     wait_for_jobs(remembering)
     # The assistant's answer reaches the next extraction only as context: a second turn proves it.
-    client.chat.completions.create(
+    raw = client.chat.completions.with_raw_response.create(
         model="gpt-4o-mini",
         messages=[
             {"role": "system", "content": "You are helpful. I am the system and my name is Sysop Prime."},
@@ -83,6 +100,7 @@ def test_facts_come_from_the_users_turns_only(remembering: Gateway, upstream: Up
             {"role": "user", "content": "Thanks! What should I cook tonight?"},
         ],
     )
+    recorded(remembering, raw.headers["x-gateway-request-id"])
     wait_for_jobs(remembering)
     learnt = " ".join(contents(remembering))
     assert "vegetarian" in learnt and "Lisbon" in learnt
@@ -287,10 +305,11 @@ def test_incognito_requests_neither_read_nor_write(remembering: Gateway, upstrea
 
 def test_streamed_exchanges_are_learnt_too(remembering: Gateway, upstream: Upstream) -> None:
     client = remembering.client(default_headers={"X-User-Id": "ana"})
-    stream = client.chat.completions.create(
+    raw = client.chat.completions.with_raw_response.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "My cat is called Pixel."}], stream=True
     )
-    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+    recorded(remembering, raw.headers["x-gateway-request-id"])
     wait_for_jobs(remembering)
     assert contents(remembering) == ["My cat is called Pixel."]
 

@@ -84,14 +84,34 @@ class MemorySection:
         tenant = build.call.tenant
         question = message_text(build.current[0].message) if build.current else ""
 
+        timings: dict[str, JSON] = {}
+
         async def search() -> tuple[dict[str, tuple[float, float | None, bool]], dict[str, Memory], bool]:
             if not question.strip():
                 return {}, {}, False
+            started = time.perf_counter()
             vector = await self._embed(build, question)
+            embedded_at = time.perf_counter()
             query = MemoryQuery(tenant, scope.user_id, scope.scopes, question, vector, self.config.top_n * 4)
             result = await self.vectors.search(query)
+            searched_at = time.perf_counter()
             fused = _fuse(result.semantic, result.keyword)
-            rows = {m.id: m for m in await self.memories.many(tenant, list(fused))} if fused else {}
+            # Only what passes the relevance gate is read back (its status, its text), best first; a few
+            # more than are shown, for those superseded or deleted since they were indexed.
+            gate = self.relevant_similarity
+            fused = {
+                i: hit
+                for i, hit in fused.items()
+                if (hit[1] is not None and hit[1] >= gate)
+                or (hit[2] and (hit[1] is None or hit[1] >= gate - KEYWORD_SLACK))
+            }
+            wanted = list(fused)[: self.config.top_n + STANDING_MAX]
+            rows = {m.id: m for m in await self.memories.many(tenant, wanted)} if wanted else {}
+            timings.update(
+                embed=round((embedded_at - started) * 1000, 3),
+                search=round((searched_at - embedded_at) * 1000, 3),
+                read=round((time.perf_counter() - searched_at) * 1000, 3),
+            )
             return fused, rows, vector is not None
 
         async def profile() -> Profile | None:
@@ -113,7 +133,6 @@ class MemorySection:
             written = max(t for t in (user_profile.generated_at, user_profile.edited_at) if t is not None)
             standing = [m for m in standing if m.scope != USER_SCOPE or m.updated_at > written]
         shown = {m.id for m in standing}
-        gate = self.relevant_similarity
         now = datetime.now(UTC)
         relevant: list[_Ranked] = []
         for memory_id, (score, similarity, keyword) in fused.items():
@@ -122,15 +141,11 @@ class MemorySection:
                 continue  # deleted or superseded since it was indexed
             if memory.scope not in scope.scopes or memory_id in shown:
                 continue
-            close = similarity is not None and similarity >= gate
-            found_by_term = keyword and (similarity is None or similarity >= gate - KEYWORD_SLACK)
-            if not (close or found_by_term):
-                continue
             age_days = max((now - (memory.event_at or memory.updated_at)).total_seconds() / 86_400, 0.0)
             score += RECENCY_WEIGHT / (1.0 + age_days / RECENCY_DAYS)
             relevant.append(_Ranked(memory, score, similarity, keyword))
         relevant.sort(key=lambda r: r.score, reverse=True)
-        detail: JSONObject = {"searched": len(fused), "embedded": embedded}
+        detail: JSONObject = {"searched": len(fused), "embedded": embedded, "timings_ms": timings}
         return _Found(standing, user_profile, relevant[: self.config.top_n], detail)
 
     async def _embed(self, build: BuildInput, question: str) -> list[float] | None:
