@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +24,22 @@ class NewMessage:
     # False for history a client had before sending it (a long chat arriving in one request): stored
     # now, but said at a time nobody told the gateway. Kept as `meta["undated"]`.
     dated: bool = True
+    # Who said it, when the request named a user (a conversation may be shared); kept as
+    # `meta["user_id"]` on user turns, so memory is learnt for the one who said it.
+    author: str | None = None
+    # False: said in an incognito call (X-Gateway-Memory: off): memory never learns from it
+    # (`meta["no_memory"]`).
+    remember: bool = True
+
+    def meta(self) -> JSONObject:
+        meta: JSONObject = {}
+        if not self.dated:
+            meta["undated"] = True
+        if self.author is not None:
+            meta["user_id"] = self.author
+        if not self.remember:
+            meta["no_memory"] = True
+        return meta
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +205,7 @@ class MemoryWork:
             "scope": self.scope,
             "model": self.model,
         }
+        # One pending job per conversation: it learns each author's turns for that author.
         key = f"{EXTRACT_MEMORY}:{self.conversation_id}"
         if self.after is not None:
             payload["after"] = self.after
@@ -215,7 +233,8 @@ PROFILE = "memory_profile"
 def profile_job(tenant: str, user_id: str, model: str | None, delay_seconds: float = 0.0) -> NewJob:
     """Rewrite a user's profile document from their active memories; one pending job per user."""
     payload: JSONObject = {"user_id": user_id, "model": model}
-    return NewJob(PROFILE, tenant, payload, key=f"{PROFILE}:{user_id}", delay_seconds=delay_seconds)
+    key = f"{PROFILE}:{hashlib.sha256(f'{tenant}/{user_id}'.encode()).hexdigest()[:32]}"
+    return NewJob(PROFILE, tenant, payload, key=key, delay_seconds=delay_seconds)
 
 
 @dataclass(frozen=True, slots=True)

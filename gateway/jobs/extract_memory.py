@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from gateway.config import MemoryConfig
+from gateway.errors import StoreError
 from gateway.memory.llm import CallStats, ask
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.prompts import Candidate, Turn, extraction_request, resolution_request
-from gateway.memory.records import USER_SCOPE, Memory
+from gateway.memory.records import USER_SCOPE, Memory, MemoryChanges
 from gateway.memory.replies import Decision, candidates, decisions
 from gateway.memory.resolve import Resolver
 from gateway.pipeline.text import message_text
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 _INJECTED = re.compile(r"<gateway_context>.*?(?:</gateway_context>|$)", re.DOTALL)
 CONTEXT_CHARS = 400  # of the assistant message before a turn: enough to resolve "yes, that one"
 TURN_CHARS = 4_000  # of one user turn (a pasted log says little about the user)
+BATCH_CHARS = 24_000  # of all turns in one call: a small cheap model's context holds it
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,28 +51,46 @@ def clean(text: str) -> str:
     return _INJECTED.sub("", text).strip()
 
 
+def _learnable(message: StoredMessage) -> bool:
+    """Never what was said in an incognito call."""
+    return not message.meta.get("no_memory")
+
+
 def user_turns(path: Sequence[StoredMessage], start: int, limit: int) -> tuple[list[Turn], int]:
-    """Up to `limit` user turns of `path[start:]`, and the index of the last message they cover (the
-    new cursor): the whole rest of the path when it held no more than `limit`."""
+    """Up to `limit` user turns of `path[start:]` (and at most BATCH_CHARS of text), and the index of
+    the last message they cover (the new cursor): the whole rest of the path when it held no more.
+    Each turn names its author (the user its request named), so a shared conversation's turns are
+    learnt for whoever said them."""
     turns: list[Turn] = []
     end = len(path) - 1
+    size = 0
     for index in range(start, len(path)):
         message = path[index]
-        if message.node.role != "user":
+        if message.node.role != "user" or not _learnable(message):
             continue
-        if len(turns) == limit:
-            end = index - 1
-            break
         text = clean(message_text(message.data))[:TURN_CHARS]
         if not text:
             continue
+        if len(turns) == limit or (turns and size + len(text) > BATCH_CHARS):
+            end = index - 1
+            break
+        size += len(text)
         before = path[index - 1] if index > 0 else None
         context = None
-        if before is not None and before.node.role == "assistant":
+        if before is not None and before.node.role == "assistant" and _learnable(before):
             context = clean(message_text(before.data))[:CONTEXT_CHARS] or None
         said_at = None if message.meta.get("undated") else message.created_at
+        author = message.meta.get("user_id")
         turns.append(
-            Turn(len(turns) + 1, message.node.id, message.node.conversation_id, text, said_at, context)
+            Turn(
+                len(turns) + 1,
+                message.node.id,
+                message.node.conversation_id,
+                text,
+                said_at,
+                context,
+                author if isinstance(author, str) else None,
+            )
         )
     return turns, end
 
@@ -98,40 +118,72 @@ class ExtractMemoryHandler:
         turns, end = user_turns(path, start, target.config.extract_max_turns)
         if end < start:
             return
-        new_cursor = (work.conversation_id, path[end].node.id)
+        # Each author's turns are learnt for that author (a shared conversation has several).
+        by_author: dict[str, list[Turn]] = {}
+        for turn in turns:
+            by_author.setdefault(turn.author or work.user_id, []).append(turn)
+        if not by_author:
+            await self.memories.save(
+                MemoryChanges(job.tenant, cursor=(work.conversation_id, path[end].node.id))
+            )
+        authors = list(by_author)
+        for number, author in enumerate(authors):
+            last = number == len(authors) - 1
+            cursor_after = (work.conversation_id, path[end].node.id) if last else None
+            await self._learn(job.tenant, work, author, by_author[author], target, cursor_after)
+        latest = await self.store.get_conversation(job.tenant, work.conversation_id)
+        grown = latest is not None and latest.last_message_id != conversation.last_message_id
+        if end < len(path) - 1 or grown:
+            # A long backlog, or turns that arrived while this job ran (their own enqueue found it
+            # pending): the rest in a job of its own.
+            after = MemoryWork(work.conversation_id, work.user_id, work.scope, work.model, path[end].node.id)
+            await self.queue.enqueue(after.job(job.tenant))
+
+    async def _learn(
+        self,
+        tenant: str,
+        work: MemoryWork,
+        user_id: str,
+        turns: list[Turn],
+        target: MemoryTarget,
+        cursor: tuple[str, str] | None,
+    ) -> None:
+        """One author's turns: extraction, resolution, then the index and SQL (with the cursor)."""
         model = target.config.model or work.model or ""
-        found: list[Candidate] = []
-        if turns:
-            request = extraction_request(model, turns, self.clock(), structured=True)
-            limit = target.config.max_memory_chars
-            found = await ask(target.upstream, request, lambda r: candidates(r, turns, limit), self.stats)
+        request = extraction_request(model, turns, self.clock(), structured=True)
+        limit = target.config.max_memory_chars
+        found = await ask(target.upstream, request, lambda r: candidates(r, turns, limit), self.stats)
         resolver = Resolver(self.memories, target.vectors, target.embedder)
 
         async def decide(pairs: Sequence[tuple[Candidate, Sequence[Memory]]]) -> list[Decision]:
             request = resolution_request(model, pairs, structured=True)
             shown = [len(near) for _, near in pairs]
-            limit = target.config.max_memory_chars
             return await ask(
                 target.upstream, request, lambda r: decisions(r, len(pairs), shown, limit), self.stats
             )
 
-        resolution = await resolver.resolve(job.tenant, work.user_id, work.scope, found, decide, self.clock())
-        await target.vectors.upsert(resolution.rows())
-        await self.memories.save(resolution.changes(job.tenant, new_cursor))
+        resolution = await resolver.resolve(tenant, user_id, work.scope, found, decide, self.clock())
+        # New memories enter the index before SQL (a row SQL does not hold is never shown, and is
+        # removed again if SQL refuses); changed ones after it, so a refused save changes nothing found.
+        added = [r for r in resolution.rows() if r.id not in resolution.updated]
+        await target.vectors.upsert(added)
+        try:
+            await self.memories.save(resolution.changes(tenant, cursor))
+        except StoreError:
+            await target.vectors.delete(tenant, [r.id for r in added])
+            raise
+        await target.vectors.upsert([r for r in resolution.rows() if r.id in resolution.updated])
         if resolution.removed:
-            await target.vectors.delete(job.tenant, resolution.removed)
+            await target.vectors.delete(tenant, resolution.removed)
         log.info(
-            "memory extraction of %s: %d turns, %d candidates, %d added, %d updated, %d linked",
-            work.conversation_id, len(turns), len(found), len(resolution.added),
+            "memory extraction of %s for %s: %d turns, %d candidates, %d added, %d updated, %d linked",
+            work.conversation_id, user_id, len(turns), len(found), len(resolution.added),
             len(resolution.updated), len(resolution.links),
         )  # fmt: skip
         changed = [*resolution.added, *resolution.updated.values()]
         if target.config.profile and any(m.scope == USER_SCOPE for m in changed):
             delay = target.config.profile_delay_seconds
-            await self.queue.enqueue(profile_job(job.tenant, work.user_id, work.model, delay))
-        if end < len(path) - 1:  # a long backlog: the rest in a job of its own
-            after = MemoryWork(work.conversation_id, work.user_id, work.scope, work.model, path[end].node.id)
-            await self.queue.enqueue(after.job(job.tenant))
+            await self.queue.enqueue(profile_job(tenant, user_id, work.model, delay))
 
 
 def _start(path: Sequence[StoredMessage], cursor: str | None, limit: int) -> int:

@@ -133,6 +133,7 @@ class Turn:
     text: str
     said_at: datetime | None  # None: history that arrived at once (when it was said is unknown)
     context: str | None = None
+    author: str | None = None  # the user the turn's request named
 
 
 @dataclass(frozen=True, slots=True)

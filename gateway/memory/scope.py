@@ -10,11 +10,10 @@ from dataclasses import dataclass
 
 from gateway.config import MemoryConfig
 from gateway.pipeline.call import ChatCall, MemoryScope
+from gateway.pipeline.identify import memory_off
 from gateway.ports import ChatPayload, Headers, JSONObject
 
-MEMORY_HEADER = "x-gateway-memory"
 PROJECT_HEADER = "x-gateway-project"
-OFF_VALUES = frozenset({"off", "false", "0", "no", "incognito"})
 MAX_PROJECT_CHARS = 200
 
 
@@ -39,8 +38,7 @@ def project_of(headers: Headers, body: JSONObject) -> str | None:
 
 
 def incognito(headers: Headers) -> bool:
-    value = _header(headers, MEMORY_HEADER)
-    return value is not None and value.lower() in OFF_VALUES
+    return memory_off(headers)
 
 
 @dataclass(slots=True)
@@ -49,7 +47,7 @@ class MemoryScopeStep:
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
         state = call.state
-        state.incognito = incognito(call.headers)
+        state.incognito = state.incognito or incognito(call.headers)
         user = state.user_id or self.config.default_user
         if state.incognito or not self.config.enabled or user is None:
             state.memory = None

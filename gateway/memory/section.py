@@ -11,17 +11,23 @@ left out, so an unrelated question gets only the standing part, or nothing.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from gateway.config import MemoryConfig
-from gateway.errors import EmbeddingError
+from gateway.errors import EmbeddingError, StoreError
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.records import ACTIVE, USER_SCOPE, Memory, MemoryFilter, MemoryHit, MemoryQuery, Profile
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.text import message_text
 from gateway.ports import JSON, Embedder, JSONObject
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STANDING_TYPES = ("preference", "profile", "constraint")
 STANDING_MAX = 12
@@ -85,6 +91,17 @@ class MemorySection:
         question = message_text(build.current[0].message) if build.current else ""
 
         timings: dict[str, JSON] = {}
+        errors: list[str] = []
+
+        async def degraded(part: Awaitable[T], empty: T) -> T:
+            """A part that fails (the database or the index is down) leaves its share empty: memory is
+            an addition, and the rest of the build (the window, thin mode's history) must go on."""
+            try:
+                return await part
+            except StoreError as exc:  # SearchIndexError included
+                log.warning("memory section: %s", exc)
+                errors.append(str(exc)[:300])
+                return empty
 
         async def search() -> tuple[dict[str, tuple[float, float | None, bool]], dict[str, Memory], bool]:
             if not question.strip():
@@ -121,12 +138,12 @@ class MemorySection:
             return found if found is not None and found.shown else None
 
         # The standing part (SQL reads) while the question is embedded and searched.
+        standing_filter = MemoryFilter(scope.user_id, scope.scopes, STANDING_TYPES, limit=STANDING_MAX)
+        nothing: tuple[dict[str, tuple[float, float | None, bool]], dict[str, Memory], bool] = ({}, {}, False)
         standing, user_profile, (fused, rows, embedded) = await asyncio.gather(
-            self.memories.find(
-                tenant, MemoryFilter(scope.user_id, scope.scopes, STANDING_TYPES, limit=STANDING_MAX)
-            ),
-            profile(),
-            search(),
+            degraded(self.memories.find(tenant, standing_filter), []),
+            degraded(profile(), None),
+            degraded(search(), nothing),
         )
         if user_profile is not None:
             # The profile covers the user's own standing memories up to when it was written or edited.
@@ -146,6 +163,8 @@ class MemorySection:
             relevant.append(_Ranked(memory, score, similarity, keyword))
         relevant.sort(key=lambda r: r.score, reverse=True)
         detail: JSONObject = {"searched": len(fused), "embedded": embedded, "timings_ms": timings}
+        if errors:
+            detail["errors"] = list[JSON](errors)
         return _Found(standing, user_profile, relevant[: self.config.top_n], detail)
 
     async def _embed(self, build: BuildInput, question: str) -> list[float] | None:
@@ -227,7 +246,13 @@ class MemorySection:
         if not standing_ids and not relevant and not profile_used:
             return Proposal(detail=detail)
         text = "\n".join(lines)
-        return Proposal(tokens=count(text), text=text, detail=detail)
+        tokens = count(text)
+        while tokens > allowance and len(lines) > 2 and lines[-1].startswith("- "):
+            # The lines joined may count a little more than their sum: the last ones go, whole.
+            lines.pop()
+            text = "\n".join(lines)
+            tokens = count(text)
+        return Proposal(tokens=tokens, text=text, detail=detail)
 
 
 def _line(memory: Memory) -> str:

@@ -13,6 +13,9 @@ CONVERSATION_HEADER = "x-conversation-id"
 OPENWEBUI_CHAT_HEADER = "x-openwebui-chat-id"
 USER_HEADERS = ("x-user-id", "x-openwebui-user-id")
 PARENT_HEADER = "x-parent-message-id"
+# Incognito: the call neither reads nor feeds long-term memory (its turns are stored marked so).
+MEMORY_HEADER = "x-gateway-memory"
+MEMORY_OFF_VALUES = frozenset({"off", "false", "0", "no", "incognito"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +24,7 @@ class Identity:
     user_id: str | None = None
     parent_id: str | None = None
     thin_capable: bool = False  # named by a client that may send only its new turns
+    memory_off: bool = False  # X-Gateway-Memory: off
 
 
 MAX_ID_CHARS = 200  # the store's id columns; longer client ids are replaced by their digest
@@ -49,6 +53,11 @@ def _body_string(body: JSONObject, *path: str) -> str | None:
     return value.strip() or None if isinstance(value, str) else None
 
 
+def memory_off(headers: Headers) -> bool:
+    value = next((v for k, v in headers if k.lower() == MEMORY_HEADER), "")
+    return value.strip().lower() in MEMORY_OFF_VALUES
+
+
 def explicit_identity(headers: Headers, body: JSONObject) -> Identity:
     by_name = {name.lower(): value for name, value in headers}
     explicit = _first(by_name, (CONVERSATION_HEADER,)) or _body_string(body, "metadata", "conversation_id")
@@ -60,10 +69,18 @@ def explicit_identity(headers: Headers, body: JSONObject) -> Identity:
         or _body_string(body, "safety_identifier"),
         parent_id=by_name.get(PARENT_HEADER, "").strip()
         or _body_string(body, "metadata", "parent_message_id"),
+        memory_off=by_name.get(MEMORY_HEADER, "").strip().lower() in MEMORY_OFF_VALUES,
     )
 
 
 def _bounded_identity(
-    *, conversation_id: str | None, thin_capable: bool, user_id: str | None, parent_id: str | None
+    *,
+    conversation_id: str | None,
+    thin_capable: bool,
+    user_id: str | None,
+    parent_id: str | None,
+    memory_off: bool,
 ) -> Identity:
-    return Identity(_bounded(conversation_id), _bounded(user_id), _bounded(parent_id), thin_capable)
+    return Identity(
+        _bounded(conversation_id), _bounded(user_id), _bounded(parent_id), thin_capable, memory_off
+    )

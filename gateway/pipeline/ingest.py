@@ -11,7 +11,7 @@ rest of the path from the store.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.config import IdentityConfig
 from gateway.pipeline.call import CallState, ChatCall, HistoryItem
@@ -64,6 +64,7 @@ class IngestStep:
         ident = explicit_identity(call.headers, body)
         state = call.state
         state.user_id = ident.user_id
+        state.incognito = ident.memory_off
         state.explicit = ident.conversation_id is not None
 
         leading = 0 if self.identity.system_in_chain else split_leading_system(messages)
@@ -171,6 +172,12 @@ class IngestStep:
         conversation_id: str | None,
         appended: list[NewMessage],
     ) -> None:
+        if ident.user_id is not None or ident.memory_off:
+            # Whose turns these are, and whether memory may learn from them (incognito: never).
+            appended = [
+                replace(m, author=ident.user_id if m.role == "user" else None, remember=not ident.memory_off)
+                for m in appended
+            ]
         if appended or (conversation_id is None and ident.conversation_id is not None):
             conversation_id = await self.store.append(
                 AppendRequest(

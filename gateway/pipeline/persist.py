@@ -52,6 +52,7 @@ class PersistStep:
                 data=message,
                 token_count=tokens,
                 path_tokens=state.leaf_path_tokens + tokens,
+                remember=not state.incognito,
             )
             policy = self.compaction
             if policy is not None and policy.due(new.path_tokens, state.summary_path_tokens):

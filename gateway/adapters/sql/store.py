@@ -290,7 +290,7 @@ class SqlStore:
                 "content": m.data,
                 "token_count": m.token_count,
                 "path_tokens": m.path_tokens,
-                "meta": {} if m.dated else {"undated": True},
+                "meta": m.meta(),
                 "created_at": now,
             }
             for m in request.messages
