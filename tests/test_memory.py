@@ -457,3 +457,85 @@ def test_the_profile_is_written_from_memories_shown_and_the_users_edit_wins(
     assert reset["edited"] is None and "hiking" in reset["shown"]
     httpx.delete(f"{gateway.server.url}/api/users/ana/memories", headers=headers)
     assert httpx.get(base, headers=headers).json()["shown"] is None
+
+
+def test_an_incognito_turn_is_never_learnt_later(remembering: Gateway, upstream: Upstream) -> None:
+    client = remembering.client(default_headers={"X-User-Id": "ana", "X-Conversation-Id": "chat-1"})
+    history: list[Any] = [{"role": "user", "content": "I like jazz."}]
+    client.chat.completions.create(model="gpt-4o-mini", messages=history)
+    wait_for_jobs(remembering)
+    history += [
+        {"role": "assistant", "content": "Nice."},
+        {"role": "user", "content": "My secret diagnosis is diabetes."},
+    ]
+    client.chat.completions.create(
+        model="gpt-4o-mini", messages=history, extra_headers={"X-Gateway-Memory": "off"}
+    )
+    history += [
+        {"role": "assistant", "content": "Understood."},
+        {"role": "user", "content": "I also play the piano."},
+    ]
+    client.chat.completions.create(model="gpt-4o-mini", messages=history)
+    wait_for_jobs(remembering)
+    assert contents(remembering) == ["I also play the piano.", "I like jazz."]
+
+
+def test_a_shared_conversations_turns_are_learnt_for_who_said_them(
+    remembering: Gateway, upstream: Upstream
+) -> None:
+    ana = remembering.client(default_headers={"X-User-Id": "ana", "X-Conversation-Id": "room-1"})
+    bob = remembering.client(default_headers={"X-User-Id": "bob", "X-Conversation-Id": "room-1"})
+    history: list[Any] = [{"role": "user", "content": "I run the Lisbon office."}]
+    ana.chat.completions.create(model="gpt-4o-mini", messages=history)
+    history += [
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "I am allergic to peanuts."},
+    ]
+    bob.chat.completions.create(model="gpt-4o-mini", messages=history)
+    wait_for_jobs(remembering)
+    assert contents(remembering, "ana") == ["I run the Lisbon office."]
+    assert contents(remembering, "bob") == ["I am allergic to peanuts."]
+
+
+def test_memory_routes_by_id_honour_a_named_user_and_export_imports_back(remembering: Gateway) -> None:
+    base = f"{remembering.server.url}/api"
+    auth = {"Authorization": f"Bearer {GATEWAY_KEY}"}
+    made = httpx.post(
+        f"{base}/users/bob/memories",
+        json={"content": "Bob lives in Oslo.", "event_time": "2025-03-04"},
+        headers=auth,
+    ).json()
+    as_ana = {**auth, "X-User-Id": "ana"}
+    assert httpx.get(f"{base}/memories/{made['id']}", headers=as_ana).status_code == 404
+    assert httpx.delete(f"{base}/memories/{made['id']}", headers=as_ana).status_code == 404
+    assert httpx.get(f"{base}/memories/{made['id']}", headers={**auth, "X-User-Id": "bob"}).status_code == 200
+    httpx.patch(f"{base}/memories/{made['id']}", json={"status": "superseded"}, headers=auth)
+    exported = httpx.get(f"{base}/users/bob/memories/export", headers=auth).json()["memories"]
+    for _ in range(2):  # twice: the second import adds nothing
+        done = httpx.post(
+            f"{base}/users/carl/memories/import", json={"memories": exported}, headers=auth
+        ).json()
+    assert done["imported"] == 0 and done["known"] == 1
+    (copy,) = memories(remembering, "carl", status="any")
+    assert copy["status"] == "superseded" and copy["event_at"].startswith("2025-03-04")
+    assert memories(remembering, "carl") == []  # not active: never recalled
+    listed = httpx.get(
+        f"{base}/users/bob/memories", params={"scope": "user,atlas", "status": "any"}, headers=auth
+    )
+    assert listed.status_code == 200 and len(listed.json()["data"]) == 1
+
+
+def test_deleting_a_memory_takes_it_out_of_the_profile_at_once(
+    remembering: Gateway, upstream: Upstream
+) -> None:
+    ask(remembering, "I prefer answers in Korean.")
+    wait_for_jobs(remembering)
+    base = f"{remembering.server.url}/api"
+    auth = {"Authorization": f"Bearer {GATEWAY_KEY}"}
+    assert "Korean" in httpx.get(f"{base}/users/ana/profile", headers=auth).json()["shown"]
+    (memory,) = memories(remembering)
+    httpx.delete(f"{base}/memories/{memory['id']}", headers=auth)
+    assert "Korean" not in str(httpx.get(f"{base}/users/ana/profile", headers=auth).json()["shown"])
+    wait_for_jobs(remembering)
+    ask(remembering, "Write a haiku about autumn leaves.")
+    assert "Korean" not in injected(upstream)

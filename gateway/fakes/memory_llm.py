@@ -12,6 +12,7 @@ wherever its figures are reported.
 from __future__ import annotations
 
 import re
+from html import unescape
 
 import orjson
 
@@ -66,7 +67,7 @@ def extract(transcript: str) -> list[JSONObject]:
                 continue
             out.append(
                 {
-                    "content": sentence,
+                    "content": unescape(sentence),
                     "type": "preference" if _PREFERENCE.search(sentence) else "stable_fact",
                     "tags": [],
                     "confidence": 0.8,

@@ -32,10 +32,11 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.http.api import MAX_LIMIT, _int_param, _json
 from gateway.memory.records import MEMORY_STATUSES, MEMORY_TYPES, USER_SCOPE, Memory, MemoryFilter, Profile
 from gateway.memory.service import MemoryDraft, MemoryService
+from gateway.pipeline.identify import bounded_id
 from gateway.pipeline.validate import parse_json_object
 from gateway.records import profile_job
 from gateway.tenants import Caller
-from gateway.wiring import Deps
+from gateway.wiring import Deps, learns
 
 MAX_IMPORT = 5_000
 MAX_PROFILE_CHARS = 8_000
@@ -57,10 +58,13 @@ class MemoryIn(_Body):
 
 
 class ImportedMemory(MemoryIn):
-    """An exported memory read back: the fields export adds are accepted and ignored (new ids are
-    given; history and sources stay with the original)."""
+    """An exported memory read back: its date (`event_at`, as export writes it) and status are kept;
+    the other fields export adds are ignored (new ids are given; history and sources stay with the
+    original)."""
 
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+    event_at: datetime | None = None
+    status: Literal["active", "superseded"] = "active"
 
 
 class MemoryPatch(_Body):
@@ -116,7 +120,7 @@ def _user(request: Request) -> str:
             "Name the user: /api/users/{user_id}/memories, an X-User-Id header or ?user_id=.",
             param="user_id",
         )
-    return str(user)
+    return str(bounded_id(str(user)))  # as chat requests store it (a long id becomes its digest)
 
 
 def _max_chars(request: Request) -> int:
@@ -131,7 +135,12 @@ def _check_content(content: str | None, limit: int, field: str = "content") -> N
 
 def _draft(item: MemoryIn) -> MemoryDraft:
     tags = tuple(dict.fromkeys(t.strip().lower() for t in item.tags if t.strip()))
-    return MemoryDraft(item.content, item.type, item.scope, tags, item.confidence, _when(item.event_time))
+    when = item.event_time
+    status = "active"
+    if isinstance(item, ImportedMemory):
+        when = when or item.event_at
+        status = item.status
+    return MemoryDraft(item.content, item.type, item.scope, tags, item.confidence, _when(when), status)
 
 
 def _out(memory: Memory) -> dict[str, object]:
@@ -143,6 +152,14 @@ def _choice(request: Request, name: str, allowed: tuple[str, ...]) -> tuple[str,
     bad = [v for v in values if v not in allowed]
     if bad:
         raise InvalidRequest(f"{name}: {bad[0]!r} is not one of {', '.join(allowed)}", param=name)
+    return values or None
+
+
+def _scopes(request: Request) -> tuple[str, ...] | None:
+    """`?scope=user&scope=atlas` or `?scope=user,atlas`."""
+    values = tuple(
+        v.strip() for raw in request.query_params.getlist("scope") for v in raw.split(",") if v.strip()
+    )
     return values or None
 
 
@@ -162,7 +179,7 @@ async def list_memories(request: Request) -> Response:
     statuses = _choice(request, "status", (*MEMORY_STATUSES, "any"))
     where = MemoryFilter(
         _user(request),
-        scopes=_choice(request, "scope", tuple(request.query_params.getlist("scope"))),
+        scopes=_scopes(request),
         types=_choice(request, "type", MEMORY_TYPES),
         tag=request.query_params.get("tag"),
         statuses=None if statuses and "any" in statuses else statuses or ("active",),
@@ -182,6 +199,8 @@ async def create_memory(request: Request) -> Response:
     item = _parsed(MemoryIn, await request.body())
     _check_content(item.content, _max_chars(request))
     (memory,) = await service.create(tenant, user, [_draft(item)])
+    if memory.scope == USER_SCOPE:
+        await _profile_changed(request, tenant, user, stale=False)
     response = _json(_out(memory))
     response.status_code = 201
     return response
@@ -190,7 +209,7 @@ async def create_memory(request: Request) -> Response:
 async def delete_user_memories(request: Request) -> Response:
     service, tenant = _service(request)
     user = _user(request)
-    removed = await service.delete_user(tenant, user)
+    removed = await service.delete_user(tenant, user)  # the profile goes with them
     return _json({"object": "memories.deleted", "user_id": user, "deleted": len(removed)})
 
 
@@ -227,15 +246,30 @@ async def import_memories(request: Request) -> Response:
     limit = _max_chars(request)
     for number, item in enumerate(body.memories):
         _check_content(item.content, limit, f"memories.{number}.content")
-    made = await service.create(tenant, user, [_draft(m) for m in body.memories])
-    response = _json({"object": "memories.imported", "user_id": user, "imported": len(made)})
+    drafts = [_draft(m) for m in body.memories]
+    made = await service.create(tenant, user, drafts, skip_known=True)
+    if any(m.scope == USER_SCOPE for m in made):
+        await _profile_changed(request, tenant, user, stale=False)
+    response = _json(
+        {
+            "object": "memories.imported",
+            "user_id": user,
+            "imported": len(made),
+            "known": len(drafts) - len(made),
+        }
+    )
     response.status_code = 201
     return response
 
 
 async def _memory(request: Request) -> tuple[MemoryService, Memory]:
+    """The memory named in the path, in the caller's tenant; when the request names a user
+    (`X-User-Id`, `?user_id=`), only one of theirs."""
     service, tenant = _service(request)
     memory = await service.store.get(tenant, request.path_params["id"])
+    named = request.headers.get("x-user-id", "").strip() or request.query_params.get("user_id")
+    if memory is not None and named and memory.user_id != bounded_id(named):
+        memory = None
     if memory is None:
         raise NotFound(f"No memory {request.path_params['id']!r} for this key.")
     return service, memory
@@ -263,12 +297,16 @@ async def edit_memory(request: Request) -> Response:
     if fields.get("status") == "active":
         fields["superseded_by"] = None
     edited = await service.edit(memory, **fields)
+    if USER_SCOPE in (memory.scope, edited.scope):
+        await _profile_changed(request, memory.tenant, memory.user_id, stale=True)
     return _json(_out(edited))
 
 
 async def delete_memory(request: Request) -> Response:
     service, memory = await _memory(request)
     await service.delete(memory.tenant, [memory.id])
+    if memory.scope == USER_SCOPE:
+        await _profile_changed(request, memory.tenant, memory.user_id, stale=True)
     return _json({"object": "memory.deleted", "id": memory.id, "deleted": True})
 
 
@@ -292,10 +330,32 @@ async def put_profile(request: Request) -> Response:
     return _json(_profile_out(tenant, user, profile))
 
 
+async def _profile_changed(request: Request, tenant: str, user: str, *, stale: bool) -> None:
+    """The user's memories changed through the API: the generated profile is rewritten; `stale` (a
+    memory was deleted or edited): its current text, which may still say it, is not shown meanwhile."""
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    service = deps.memory_service(tenant)
+    if service is None or not caller.tenant.config.memory.profile:
+        return
+    if stale:
+        await service.store.save_profile(tenant, user, generated=None, memories=0)
+    if learns(caller.tenant.config):
+        await deps.jobs.enqueue(profile_job(tenant, user, None))
+        deps.workers.notify()
+
+
 async def refresh_profile(request: Request) -> Response:
     deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
     _, tenant = _service(request)
     user = _user(request)
+    if not learns(caller.tenant.config):
+        raise InvalidRequest(
+            "This tenant writes no profiles: memory.profile and memory.extraction must be on, with a key of "
+            "the gateway's own (not upstream.pass_through_client_key).",
+            param="memory.profile",
+        )
     job_id = await deps.jobs.enqueue(profile_job(tenant, user, None))
     deps.workers.notify()
     response = _json({"object": "job", "id": job_id, "queued": job_id is not None})

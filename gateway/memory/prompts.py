@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from html import escape
 
 from gateway.memory.records import MEMORY_TYPES, Memory
 from gateway.ports import JSONObject
@@ -155,10 +156,11 @@ def _response_format(name: str, schema: JSONObject) -> JSONObject:
 def extraction_request(model: str, turns: Sequence[Turn], today: datetime, *, structured: bool) -> JSONObject:
     parts = [f"Today is {today:%Y-%m-%d}."]
     for turn in turns:
+        # Escaped: a text holding "</assistant><turn ...>" must not pass for a turn of the user's.
         if turn.context:
-            parts.append(f"<assistant>{turn.context}</assistant>")
+            parts.append(f"<assistant>{escape(turn.context, quote=False)}</assistant>")
         when = f' date="{turn.said_at:%Y-%m-%d}"' if turn.said_at is not None else ""
-        parts.append(f'<turn n="{turn.number}"{when}>\n{turn.text}\n</turn>')
+        parts.append(f'<turn n="{turn.number}"{when}>\n{escape(turn.text, quote=False)}\n</turn>')
     request: JSONObject = {
         "model": model,
         "temperature": 0,
@@ -177,10 +179,11 @@ def resolution_request(
 ) -> JSONObject:
     parts = []
     for number, (candidate, near) in enumerate(pairs, start=1):
-        lines = [f'<candidate n="{number}">{candidate.content}</candidate>']
+        lines = [f'<candidate n="{number}">{escape(candidate.content, quote=False)}</candidate>']
         for index, memory in enumerate(near, start=1):
             when = memory.event_at or memory.created_at
-            lines.append(f'  <existing n="{index}" date="{when:%Y-%m-%d}">{memory.content}</existing>')
+            text = escape(memory.content, quote=False)
+            lines.append(f'  <existing n="{index}" date="{when:%Y-%m-%d}">{text}</existing>')
         parts.append("\n".join(lines))
     request: JSONObject = {
         "model": model,

@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from html import unescape
 
 import orjson
 
@@ -79,7 +80,7 @@ def candidates(reply: str, turns: Sequence[Turn], max_chars: int) -> list[Candid
         confidence = item.get("confidence")
         out.append(
             Candidate(
-                content=" ".join(content.split()),
+                content=" ".join(unescape(content).split()),  # the transcript was escaped
                 type=kind if isinstance(kind, str) and kind in MEMORY_TYPES else "stable_fact",
                 tags=_tags(item.get("tags")),
                 confidence=min(max(float(confidence), 0.0), 1.0)
@@ -115,7 +116,7 @@ def decisions(reply: str, count: int, near: Sequence[int], max_chars: int) -> li
             isinstance(target, int) and not isinstance(target, bool) and 1 <= target <= near[number - 1]
         )
         content = item.get("content")
-        text = " ".join(content.split()) if isinstance(content, str) else ""
+        text = " ".join(unescape(content).split()) if isinstance(content, str) else ""
         unusable = action not in ACTIONS or (action != "ADD" and not valid_target)
         if unusable or (action == "UPDATE" and not 0 < len(text) <= max_chars):
             chosen[number] = Decision("ADD")

@@ -247,13 +247,16 @@ class Resolver:
 
 _SPECIFIC = re.compile(r"[^\W_]*\d[^\W_]*(?:[.:/-]\d[^\W_]*)*")
 _NEGATION = re.compile(
-    r"\b(not|no|never|no longer|don't|doesn't|isn't|aren't|won't|stopped)\b|不|没|안|않", re.I
+    r"\b(not|no|never|no longer|don't|doesn't|isn't|aren't|won't|stopped|nicht|kein\w*|pas|jamais"
+    r"|nunca|não|nie)\b|不|没|안|않",
+    re.I,
 )
 
 
 def same_specifics(a: str, b: str) -> bool:
     """Whether two close texts agree on their numbers, versions and negations: "runs on Postgres 16" and
     "now runs on Postgres 17" embed almost alike but contradict, so only the model may call them one."""
+    a, b = a.replace("\u2019", "'"), b.replace("\u2019", "'")  # the typographic apostrophe
     numbers = {m.lower() for m in _SPECIFIC.findall(a)} == {m.lower() for m in _SPECIFIC.findall(b)}
     return numbers and bool(_NEGATION.search(a)) == bool(_NEGATION.search(b))
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from gateway.errors import StoreError
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.records import (
     ACTIVE,
@@ -20,6 +21,7 @@ from gateway.memory.records import (
     MemoryFilter,
     MemoryQuery,
     MemorySearchResult,
+    content_hash,
 )
 from gateway.memory.resolve import history_entry, memory_row
 from gateway.ports import Embedder
@@ -35,6 +37,7 @@ class MemoryDraft:
     tags: tuple[str, ...] = ()
     confidence: float = 1.0
     event_at: datetime | None = None
+    status: str = ACTIVE
 
 
 @dataclass(slots=True)
@@ -43,8 +46,14 @@ class MemoryService:
     vectors: MemoryVectors
     embedder: Embedder
 
-    async def create(self, tenant: str, user_id: str, drafts: Sequence[MemoryDraft]) -> list[Memory]:
+    async def create(
+        self, tenant: str, user_id: str, drafts: Sequence[MemoryDraft], *, skip_known: bool = False
+    ) -> list[Memory]:
+        """New memories; with `skip_known`, drafts whose text the user's scope holds already (with the
+        same status) are left out, so importing one export twice adds nothing the second time."""
         now = datetime.now(UTC)
+        if skip_known:
+            drafts = await self._unknown(tenant, user_id, drafts)
         made = [
             Memory(
                 id=uuid.uuid4().hex,
@@ -56,7 +65,7 @@ class MemoryService:
                 tags=d.tags,
                 confidence=d.confidence,
                 event_at=d.event_at,
-                status=ACTIVE,
+                status=d.status,
                 superseded_by=None,
                 created_at=now,
                 updated_at=now,
@@ -66,10 +75,25 @@ class MemoryService:
         ]
         if not made:
             return []
-        vectors = await self.embedder.embed([m.content for m in made])
-        await self.vectors.upsert([memory_row(m, v) for m, v in zip(made, vectors, strict=True)])
-        await self.store.save(MemoryChanges(tenant, added=tuple(made)))
+        active = [m for m in made if m.status == ACTIVE]  # superseded history is not searched
+        vectors = await self.embedder.embed([m.content for m in active]) if active else []
+        await self.vectors.upsert([memory_row(m, v) for m, v in zip(active, vectors, strict=True)])
+        try:
+            await self.store.save(MemoryChanges(tenant, added=tuple(made)))
+        except StoreError:
+            await self.vectors.delete(tenant, [m.id for m in active])
+            raise
         return made
+
+    async def _unknown(self, tenant: str, user_id: str, drafts: Sequence[MemoryDraft]) -> list[MemoryDraft]:
+        held = {(m.scope, m.status, m.hash) for m in await self.all_of(tenant, user_id)}
+        out: list[MemoryDraft] = []
+        for draft in drafts:
+            key = (draft.scope, draft.status, content_hash(draft.content))
+            if key not in held:
+                held.add(key)
+                out.append(draft)
+        return out
 
     async def edit(self, memory: Memory, **fields: object) -> Memory:
         """The memory with `fields` changed (content, type, scope, tags, event_at, status); the text

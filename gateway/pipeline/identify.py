@@ -30,7 +30,7 @@ class Identity:
 MAX_ID_CHARS = 200  # the store's id columns; longer client ids are replaced by their digest
 
 
-def _bounded(value: str | None) -> str | None:
+def bounded_id(value: str | None) -> str | None:
     if value is None or len(value) <= MAX_ID_CHARS:
         return value
     return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
@@ -82,5 +82,5 @@ def _bounded_identity(
     memory_off: bool,
 ) -> Identity:
     return Identity(
-        _bounded(conversation_id), _bounded(user_id), _bounded(parent_id), thin_capable, memory_off
+        bounded_id(conversation_id), bounded_id(user_id), bounded_id(parent_id), thin_capable, memory_off
     )
