@@ -16,6 +16,7 @@ from gateway.jobs.embed import EmbedHandler, IndexTarget
 from gateway.jobs.extract_memory import ExtractMemoryHandler, MemoryTarget
 from gateway.jobs.memory_profile import ProfileHandler
 from gateway.jobs.worker import JobHandler, WorkerPool
+from gateway.memory.agentic import OfferMemoryTool, ToolLoop
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.scope import MemoryScopeStep, incognito
 from gateway.memory.section import MemorySection
@@ -96,6 +97,14 @@ class Deps:
         if target is None or self.memories is None:
             return None
         return MemoryService(self.memories, target.vectors, target.embedder)
+
+    def tool_loop(self, tenant: str) -> ToolLoop | None:
+        """What answers the model's memory_search calls for a tenant with agentic recall."""
+        service = self.memory_service(tenant)
+        target = self.memory.get(tenant)
+        if service is None or target is None or not target.config.agentic:
+            return None
+        return ToolLoop(service, target.config.agentic_rounds)
 
     async def delete_user(self, tenant: str, user_id: str) -> tuple[list[str], list[str]]:
         """Everything of one user: their conversations (as above) and their memories (rows, vectors,
@@ -220,6 +229,8 @@ def build_pipeline(
     policy = None
     if memory is not None:
         prepare.append(MemoryScopeStep(tenant.memory))
+        # Before the builder, so the budget counts the tool's definition.
+        prepare.append(OfferMemoryTool(tenant.memory))
     embedder = index.embedder if index is not None else memory[1].embedder if memory is not None else None
     if context.enabled and embedder is not None:
         # The question is embedded while the request is stored: the retrieval and memory sections pick

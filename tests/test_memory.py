@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gateway.adapters.lance_memories import LanceMemoryVectors
-from gateway.fakes.openai_upstream import Reply
+from gateway.fakes.openai_upstream import Reply, ToolCall
 from gateway.wiring import memory_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant, wait_for_jobs
 
@@ -539,3 +539,79 @@ def test_deleting_a_memory_takes_it_out_of_the_profile_at_once(
     wait_for_jobs(remembering)
     ask(remembering, "Write a haiku about autumn leaves.")
     assert "Korean" not in injected(upstream)
+
+
+AGENTIC = {**MEMORY, "agentic": True, "profile": False}
+
+
+def test_agentic_recall_answers_the_models_memory_search_itself(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, memory=AGENTIC)], jobs=JOBS)
+    ask(gateway, "Our billing service runs on Postgres 17.")
+    wait_for_jobs(gateway)
+    upstream.fake.enqueue(
+        Reply(
+            content=None, tool_calls=(ToolCall("memory_search", '{"query": "billing database"}', "call_m1"),)
+        ),
+        Reply(content="Your billing service runs on Postgres 17."),
+    )
+    client = gateway.client(default_headers={"X-User-Id": "ana"})
+    answer = client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "Remind me: what is behind billing?"}]
+    )
+    assert answer.choices[0].message.content == "Your billing service runs on Postgres 17."
+    assert not answer.choices[0].message.tool_calls
+    first, second = upstream.fake.chat_requests()[-2:]
+    assert "memory_search" in [t["function"]["name"] for t in first.body["tools"]]  # type: ignore[index, union-attr]
+    tool_message = second.body["messages"][-1]  # type: ignore[index]
+    assert tool_message["role"] == "tool" and "Postgres 17" in tool_message["content"]  # type: ignore[index]
+    assert "tools" in second.body  # agentic_rounds 2: the model may search once more
+    assert answer.usage is not None  # both rounds: the fake counts a prompt as its JSON bytes / 4
+    assert answer.usage.prompt_tokens > len(json.dumps(second.body["messages"])) // 4
+    stored = memories(gateway)  # the tool round trip is not stored as the user's conversation
+    assert [m["content"] for m in stored] == ["Our billing service runs on Postgres 17."]
+
+
+def test_agentic_recall_leaves_the_clients_own_tools_and_streams_alone(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, memory=AGENTIC)], jobs=JOBS)
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    upstream.fake.enqueue(Reply(content=None, tool_calls=(ToolCall("get_weather", "{}", "call_w1"),)))
+    client = gateway.client(default_headers={"X-User-Id": "ana"})
+    answer = client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "Weather in Lisbon?"}], tools=[weather]
+    )
+    calls = answer.choices[0].message.tool_calls
+    assert calls is not None and [c.function.name for c in calls] == ["get_weather"]  # type: ignore[union-attr]
+    sent = upstream.fake.last_chat().body
+    assert [t["function"]["name"] for t in sent["tools"]] == ["get_weather", "memory_search"]  # type: ignore[index, union-attr]
+    forced = client.chat.completions.create(
+        model="gpt-4o-mini",
+        messages=[{"role": "user", "content": "Weather in Porto?"}],
+        tools=[weather],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    assert forced.choices
+    assert [t["function"]["name"] for t in upstream.fake.last_chat().body["tools"]] == ["get_weather"]  # type: ignore[index, union-attr]
+    stream = client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi there"}], stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert "tools" not in upstream.fake.last_chat().body  # streamed: passive memory only, for now
+
+
+def test_agentic_recall_stops_after_its_rounds(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway(
+        [tenant("acme", upstream.base_url, memory={**AGENTIC, "agentic_rounds": 1})], jobs=JOBS
+    )
+    search = ToolCall("memory_search", '{"query": "anything"}', "call_m1")
+    upstream.fake.enqueue(Reply(content=None, tool_calls=(search,)), Reply(content="Done."))
+    client = gateway.client(default_headers={"X-User-Id": "ana"})
+    answer = client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}])
+    assert answer.choices[0].message.content == "Done."
+    last = upstream.fake.last_chat().body
+    assert "tools" not in last and last["messages"][-1]["content"] == "nothing found"  # type: ignore[index]

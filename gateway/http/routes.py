@@ -22,6 +22,7 @@ from gateway.memory.scope import incognito
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.forward import StreamRelay, buffered_outcome, with_stream_usage
 from gateway.pipeline.validate import parse_chat_request
+from gateway.ports import ChatPayload, JSONObject
 from gateway.tenants import Caller
 from gateway.wiring import Deps
 
@@ -135,19 +136,38 @@ class Endpoints:
             raise
         finally:
             await response.close()
+        status = response.status
+        loop = deps.tool_loop(caller.tenant.name) if call.state.memory_tool else None
+        if loop is not None:
+            upstream = caller.tenant.upstream
+
+            async def post(again: JSONObject) -> tuple[int, bytes]:
+                answer = await upstream.chat_completions(ChatPayload(again), call.headers, caller.client_key)
+                try:
+                    return answer.status, await answer.read()
+                finally:
+                    await answer.close()
+
+            # The model's memory_search calls are answered here: the client sees one answer.
+            try:
+                status, body = await loop.finish(call, payload.data, status, body, post)
+            except UpstreamError as exc:
+                deps.counters.upstream_errors += 1
+                await persist(buffered_outcome(exc.status, exc.message.encode()))  # recorded as failed
+                raise
         upstream_seconds = time.perf_counter() - sent
         headers = [
             *to_client(response.headers, decoded=True),
             *_context_headers(call),
             _overhead_header(request, upstream_seconds),
         ]
-        outcome = buffered_outcome(response.status, body)
+        outcome = buffered_outcome(status, body)
         done = None
         if call.state.explicit:
             await persist(outcome)  # a thin-mode client's next request must find this answer stored
         else:
             done = BackgroundTask(persist, outcome)  # after the last byte: the client never waits for it
-        reply = Response(body, status_code=response.status, background=done)
+        reply = Response(body, status_code=status, background=done)
         reply.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
         return reply
 

@@ -69,6 +69,7 @@ class CallState:
     sent_tokens: int | None = None
     memory: MemoryScope | None = None  # None: this call neither reads nor feeds memory
     incognito: bool = False  # the client asked for no memory (X-Gateway-Memory: off)
+    memory_tool: bool = False  # the gateway offered the model its memory_search tool (it answers it)
 
 
 @dataclass(slots=True)

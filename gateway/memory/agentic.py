@@ -1,0 +1,188 @@
+"""Agentic recall: the model may search the user's memory itself, through a `memory_search` tool the
+gateway adds to the request and answers on its own.
+
+`OfferMemoryTool` (a prepare step) adds the tool when the tenant enables it and the call has memory,
+unless the client forces a tool of its own or already has one of that name. `ToolLoop` (run by the
+edge on the upstream's non-streamed answer) answers the model's calls of the tool, asks again with the
+results, and hands the client one ordinary answer with the usage of every round summed. A client's own
+tool calls go back to the client as they are (the gateway's own, made in the same message, are
+dropped: the client could not answer them).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import orjson
+
+from gateway.config import MemoryConfig
+from gateway.errors import EmbeddingError, StoreError
+from gateway.memory.records import USER_SCOPE
+from gateway.memory.service import MemoryService
+from gateway.pipeline.call import ChatCall, MemoryScope
+from gateway.ports import JSON, ChatPayload, JSONObject
+
+log = logging.getLogger(__name__)
+
+TOOL_NAME = "memory_search"
+RESULTS = 8
+TOOL: JSONObject = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": (
+            "Search what is remembered about the user from earlier conversations (preferences, facts, "
+            "projects, events). Use it when the answer may depend on something the user said before."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "What to look for, in a few words."},
+                "since": {"type": "string", "description": "Only memories from this date on (YYYY-MM-DD)."},
+                "until": {"type": "string", "description": "Only memories up to this date (YYYY-MM-DD)."},
+                "scope": {
+                    "type": "string",
+                    "enum": ["all", "user", "project"],
+                    "description": "The user's own memories, the current project's, or both (default).",
+                },
+            },
+            "required": ["query"],
+        },
+    },
+}
+
+
+def _names(tools: JSON) -> set[str]:
+    out: set[str] = set()
+    for tool in tools if isinstance(tools, list) else []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            out.add(str(function["name"]))
+    return out
+
+
+@dataclass(slots=True)
+class OfferMemoryTool:
+    config: MemoryConfig
+
+    async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
+        body = payload.data
+        if not self.config.agentic or call.state.memory is None or call.stream:
+            return payload
+        choice = body.get("tool_choice")
+        if choice == "none" or isinstance(choice, dict) or TOOL_NAME in _names(body.get("tools")):
+            return payload  # the client forces its own tool, or has one of that name
+        tools = body.get("tools")
+        call.state.memory_tool = True
+        return ChatPayload({**body, "tools": [*(tools if isinstance(tools, list) else []), TOOL]})
+
+
+def _date(value: JSON) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value[:10])
+    except ValueError:
+        return None
+    return parsed.replace(tzinfo=UTC)
+
+
+async def search_memory(service: MemoryService, tenant: str, scope: MemoryScope, arguments: str) -> str:
+    """The tool's answer: the memories found, one per line with its date, or why there are none."""
+    try:
+        args = orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return "error: the arguments are not valid JSON"
+    query = args.get("query") if isinstance(args, dict) else None
+    if not isinstance(query, str) or not query.strip():
+        return "error: give a query"
+    wanted = args.get("scope")
+    scopes = scope.scopes
+    if wanted == "user":
+        scopes = (USER_SCOPE,)
+    elif wanted == "project" and scope.project is not None:
+        scopes = (scope.project,)
+    since, until = _date(args.get("since")), _date(args.get("until"))
+    try:
+        found = await service.search(tenant, scope.user_id, scopes, query, RESULTS * 2)
+    except (StoreError, EmbeddingError) as exc:  # the model is told, and answers without it
+        log.warning("memory_search failed: %s", exc)
+        return "error: memory is unavailable right now"
+    lines = []
+    for memory, _ in found:
+        when = memory.event_at or memory.created_at
+        if (since and when < since) or (until and when.date() > until.date()):
+            continue
+        lines.append(f"- [{when:%Y-%m-%d}] {memory.content}")
+    return "\n".join(lines[:RESULTS]) or "nothing found"
+
+
+Post = Callable[[JSONObject], Awaitable[tuple[int, bytes]]]
+
+
+@dataclass(slots=True)
+class ToolLoop:
+    service: MemoryService
+    rounds: int
+
+    async def finish(
+        self, call: ChatCall, request: JSONObject, status: int, body: bytes, post: Post
+    ) -> tuple[int, bytes]:
+        """The answer for the client, after answering the model's memory_search calls (at most
+        `rounds` times; then once more without the tool)."""
+        scope = call.state.memory
+        if scope is None:
+            return status, body
+        usage: list[JSONObject] = []
+        messages = list(request.get("messages") or [])  # type: ignore[arg-type]
+        for round_number in range(self.rounds + 1):
+            if status != 200:
+                return status, body
+            data = orjson.loads(body)
+            reported = data.get("usage")
+            if isinstance(reported, dict):
+                usage.append(reported)
+            choice = (data.get("choices") or [{}])[0]
+            message = choice.get("message") or {}
+            calls = message.get("tool_calls") or []
+            ours = [c for c in calls if (c.get("function") or {}).get("name") == TOOL_NAME]
+            if not ours:
+                return status, _with_usage(data, usage)
+            if len(ours) < len(calls):  # the client's own calls go back to it, without ours
+                message["tool_calls"] = [c for c in calls if c not in ours]
+                return status, _with_usage(data, usage)
+            messages.append({"role": "assistant", "content": message.get("content"), "tool_calls": calls})
+            for tool_call in ours:
+                arguments = str((tool_call.get("function") or {}).get("arguments") or "")
+                result = await search_memory(self.service, call.tenant, scope, arguments)
+                messages.append({"role": "tool", "tool_call_id": tool_call.get("id"), "content": result})
+            again: JSONObject = {**request, "messages": messages}
+            if round_number + 1 >= self.rounds:  # the last round: an answer, not another search
+                again = _without_tool(again)
+            status, body = await post(again)
+        return status, body
+
+
+def _without_tool(request: JSONObject) -> JSONObject:
+    tools = [t for t in request.get("tools") or [] if TOOL_NAME not in _names([t])]  # type: ignore[union-attr]
+    out = {k: v for k, v in request.items() if k not in ("tools", "tool_choice")}
+    if tools:
+        out["tools"] = tools
+        if "tool_choice" in request:
+            out["tool_choice"] = request["tool_choice"]
+    return out
+
+
+def _with_usage(data: JSONObject, usage: list[JSONObject]) -> bytes:
+    if len(usage) > 1:  # every round the client did not see is in what it pays for
+        summed: dict[str, int] = {}
+        for part in usage:
+            for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+                value = part.get(key)
+                if isinstance(value, int):
+                    summed[key] = summed.get(key, 0) + value
+        data["usage"] = dict[str, JSON](summed)
+    return orjson.dumps(data)
