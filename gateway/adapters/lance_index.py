@@ -16,21 +16,21 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, timedelta
 from typing import TypeVar
 
 import anyio
 import anyio.to_thread
-import lancedb
 import numpy as np
 import pyarrow as pa
 from lancedb.expr import Expr, col, lit
 from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.query import BooleanQuery, FullTextOperator, FullTextQuery, MatchQuery, Occur, PhraseQuery
-from lancedb.table import AsyncTable
+from lancedb.table import AsyncTable, Table
 
+from gateway.adapters.lance_table import ENGINE_ERRORS, LanceHandle, missing_indexes, open_table
 from gateway.adapters.vector_cache import COLUMNS, DELTA_MARGIN, Entry, Key, VectorCache, from_micros
 from gateway.errors import SearchIndexError
 from gateway.pipeline.text import cjk_bigrams
@@ -39,16 +39,6 @@ from gateway.records import IndexHit, IndexRow, SearchQuery, SearchResult
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# What the engine raises: its Rust errors surface as RuntimeError/ValueError/OSError, pyarrow's as
-# ArrowException subclasses, a missing column as KeyError. Translated to SearchIndexError at this edge.
-_ENGINE_ERRORS: tuple[type[BaseException], ...] = (
-    RuntimeError,
-    ValueError,
-    OSError,
-    KeyError,
-    pa.ArrowException,
-)
 
 # Chosen by a ranking test over chat-like text (file names, error codes, ports, identifiers, hashes):
 # the "simple" tokenizer splits on punctuation so "port 8443," and "E1234." still match; stemming finds
@@ -136,8 +126,13 @@ def _index_configs() -> dict[str, BTree | Bitmap | FTS]:
 
 
 def _missing_indexes(existing: Iterable[IndexConfig]) -> dict[str, BTree | Bitmap | FTS]:
-    indexed = {column for index in existing for column in index.columns}
-    return {column: config for column, config in _index_configs().items() if column not in indexed}
+    return missing_indexes(existing, _index_configs())
+
+
+def _add_dated(table: Table) -> None:
+    if "dated" not in table.schema.names:
+        # Tables written before undated history existed: every row there was dated.
+        table.add_columns({"dated": "true"})
 
 
 def _vector_array(vectors: Sequence[Sequence[float] | None], dimensions: int) -> pa.FixedSizeListArray:
@@ -289,8 +284,7 @@ class LanceIndex:
         self._storage_options = storage_options
         self._consistency = consistency
         self._schema = schema(dimensions)
-        self._table: AsyncTable | None = None
-        self._connection: lancedb.AsyncConnection | None = None
+        self._handle = LanceHandle(uri, name, storage_options=storage_options, consistency=consistency)
         self._indexes_ready = indexes_ready
         self._optimize_every_writes = optimize_every_writes
         self._optimize_every_rows = optimize_every_rows
@@ -322,31 +316,10 @@ class LanceIndex:
         round trip; a second or so is then a fair trade). `cache_rows` bounds the in-memory copies of
         searched conversations' vectors (0: every search goes to the table)."""
         name = table_name(table)
-        try:
-            # Start-up only: the blocking API, since this may run inside or outside an event loop.
-            db = lancedb.connect(uri, read_consistency_interval=consistency, storage_options=storage_options)
-            try:
-                created = db.open_table(name)
-            except ValueError:  # not there yet; exist_ok: another replica may be creating it right now
-                created = db.create_table(name, schema=schema(dimensions), exist_ok=True)
-            if "dated" not in created.schema.names:
-                # Tables written before undated history existed: every row there was dated.
-                created.add_columns({"dated": "true"})
-            found = created.schema.field("vector").type
-            if not pa.types.is_fixed_size_list(found) or found.list_size != dimensions:
-                raise SearchIndexError(
-                    f"index table {name!r} holds vectors of type {found}, not {dimensions}-d"
-                )
-            ready = True
-            try:
-                for column, config in _missing_indexes(created.list_indices()).items():
-                    created.create_index(column, config=config)
-            except _ENGINE_ERRORS as exc:
-                # Some engine versions refuse to index an empty table: retried after the first add.
-                log.info("index table %s: indexes deferred until it has rows (%s)", name, exc)
-                ready = False
-        except _ENGINE_ERRORS as exc:
-            raise SearchIndexError(f"cannot open index table {name!r} at {uri}: {exc}") from exc
+        ready = open_table(
+            uri, name, schema(dimensions), dimensions, _index_configs(),
+            storage_options=storage_options, consistency=consistency, upgrade=_add_dated,
+        )  # fmt: skip
         return cls(
             uri,
             name,
@@ -359,31 +332,15 @@ class LanceIndex:
             cache_rows=cache_rows,
         )
 
-    @asynccontextmanager
-    async def _translated(self, action: str) -> AsyncIterator[None]:
-        try:
-            yield
-        except _ENGINE_ERRORS as exc:
-            raise SearchIndexError(f"index {action} failed: {type(exc).__name__}: {exc}") from exc
+    def _translated(self, action: str) -> AbstractAsyncContextManager[None]:
+        return self._handle.translated(action)
 
     async def _open(self) -> AsyncTable:
         """The asyncio table handle, opened in the running loop on first use."""
-        if self._table is None:
-            async with self._translated("open"):
-                self._connection = await lancedb.connect_async(
-                    self.uri,
-                    read_consistency_interval=self._consistency,
-                    storage_options=self._storage_options,
-                )
-                self._table = await self._connection.open_table(self.name)
-        return self._table
+        return await self._handle.table()
 
     async def _engine(self, action: str, operation: Callable[[AsyncTable], Awaitable[T]]) -> T:
-        table = await self._open()
-        try:
-            return await operation(table)
-        except _ENGINE_ERRORS as exc:
-            raise SearchIndexError(f"index {action} failed: {type(exc).__name__}: {exc}") from exc
+        return await self._handle.run(action, operation)
 
     # -- writes (background jobs) ---------------------------------------------------------------------
 
@@ -568,7 +525,7 @@ class LanceIndex:
         async def run(kind: str, ranking: Callable[[AsyncTable], Awaitable[list[IndexHit]]]) -> None:
             try:
                 found[kind] = await ranking(table)
-            except _ENGINE_ERRORS as exc:
+            except ENGINE_ERRORS as exc:
                 # Kept, not raised inside the group: the caller gets one SearchIndexError, not a group.
                 failures.append(SearchIndexError(f"index search failed: {type(exc).__name__}: {exc}"))
                 failures[-1].__cause__ = exc
@@ -633,12 +590,7 @@ class LanceIndex:
         )
 
     async def aclose(self) -> None:
-        if self._table is not None:
-            self._table.close()  # type: ignore[no-untyped-call]
-            self._table = None
-        if self._connection is not None:
-            self._connection.close()  # type: ignore[no-untyped-call]
-            self._connection = None
+        self._handle.close()
 
 
 def _sql_string(value: str) -> str:

@@ -10,14 +10,12 @@ beyond compacting every few writes.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, timedelta
 from typing import TypeVar
 
 import anyio
 import anyio.to_thread
-import lancedb
 import numpy as np
 import pyarrow as pa
 from lancedb.expr import Expr, col, lit
@@ -25,7 +23,6 @@ from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.table import AsyncTable
 
 from gateway.adapters.lance_index import (
-    _ENGINE_ERRORS,
     _KEEP_VERSIONS,
     FTS_CONFIG,
     _sql_string,
@@ -33,6 +30,7 @@ from gateway.adapters.lance_index import (
     keyword_query,
     table_name,
 )
+from gateway.adapters.lance_table import ENGINE_ERRORS, LanceHandle, missing_indexes, open_table
 from gateway.adapters.vector_cache import from_micros
 from gateway.errors import SearchIndexError
 from gateway.memory.records import MemoryHit, MemoryQuery, MemoryRow, MemorySearchResult
@@ -73,8 +71,7 @@ def _index_configs() -> dict[str, BTree | Bitmap | FTS]:
 
 
 def _missing_indexes(existing: Iterable[IndexConfig]) -> dict[str, BTree | Bitmap | FTS]:
-    indexed = {column for index in existing for column in index.columns}
-    return {column: config for column, config in _index_configs().items() if column not in indexed}
+    return missing_indexes(existing, _index_configs())
 
 
 def _rows_table(rows: Sequence[MemoryRow], target: pa.Schema, dimensions: int) -> pa.Table:
@@ -137,8 +134,7 @@ class LanceMemoryVectors:
         self._storage_options = storage_options
         self._consistency = consistency
         self._schema = schema(dimensions)
-        self._table: AsyncTable | None = None
-        self._connection: lancedb.AsyncConnection | None = None
+        self._handle = LanceHandle(uri, name, storage_options=storage_options, consistency=consistency)
         self._indexes_ready = indexes_ready
         self._optimize_every_writes = optimize_every_writes
         self._writes = 0
@@ -158,28 +154,10 @@ class LanceMemoryVectors:
         """Open (creating if missing) the table `table` under `uri`, a local directory or an object-store
         URI (`s3://...`, with `storage_options`); `consistency` as for `LanceIndex.open`."""
         name = table_name(table)
-        try:
-            # Start-up only: the blocking API, since this may run inside or outside an event loop.
-            db = lancedb.connect(uri, read_consistency_interval=consistency, storage_options=storage_options)
-            try:
-                created = db.open_table(name)
-            except ValueError:  # not there yet; exist_ok: another replica may be creating it right now
-                created = db.create_table(name, schema=schema(dimensions), exist_ok=True)
-            found = created.schema.field("vector").type
-            if not pa.types.is_fixed_size_list(found) or found.list_size != dimensions:
-                raise SearchIndexError(
-                    f"memory table {name!r} holds vectors of type {found}, not {dimensions}-d"
-                )
-            ready = True
-            try:
-                for column, config in _missing_indexes(created.list_indices()).items():
-                    created.create_index(column, config=config)
-            except _ENGINE_ERRORS as exc:
-                # Some engine versions refuse to index an empty table: retried after the first upsert.
-                log.info("memory table %s: indexes deferred until it has rows (%s)", name, exc)
-                ready = False
-        except _ENGINE_ERRORS as exc:
-            raise SearchIndexError(f"cannot open memory table {name!r} at {uri}: {exc}") from exc
+        ready = open_table(
+            uri, name, schema(dimensions), dimensions, _index_configs(),
+            storage_options=storage_options, consistency=consistency,
+        )  # fmt: skip
         return cls(
             uri,
             name,
@@ -190,29 +168,11 @@ class LanceMemoryVectors:
             optimize_every_writes=optimize_every_writes,
         )
 
-    @asynccontextmanager
-    async def _translated(self, action: str) -> AsyncIterator[None]:
-        try:
-            yield
-        except _ENGINE_ERRORS as exc:
-            raise SearchIndexError(f"memory index {action} failed: {type(exc).__name__}: {exc}") from exc
-
     async def _open(self) -> AsyncTable:
-        """The asyncio table handle, opened in the running loop on first use."""
-        if self._table is None:
-            async with self._translated("open"):
-                self._connection = await lancedb.connect_async(
-                    self.uri,
-                    read_consistency_interval=self._consistency,
-                    storage_options=self._storage_options,
-                )
-                self._table = await self._connection.open_table(self.name)
-        return self._table
+        return await self._handle.table()
 
     async def _engine(self, action: str, operation: Callable[[AsyncTable], Awaitable[T]]) -> T:
-        table = await self._open()
-        async with self._translated(action):
-            return await operation(table)
+        return await self._handle.run(action, operation)
 
     # -- writes (the memory writer) -------------------------------------------------------------------
 
@@ -323,7 +283,7 @@ class LanceMemoryVectors:
         async def run(kind: str, ranking: Callable[[AsyncTable], Awaitable[list[MemoryHit]]]) -> None:
             try:
                 found[kind] = await ranking(table)
-            except _ENGINE_ERRORS as exc:
+            except ENGINE_ERRORS as exc:
                 # Kept, not raised inside the group: the caller gets one SearchIndexError, not a group.
                 failures.append(SearchIndexError(f"memory index search failed: {type(exc).__name__}: {exc}"))
                 failures[-1].__cause__ = exc
@@ -344,9 +304,4 @@ class LanceMemoryVectors:
         return await self._engine("count", lambda table: table.count_rows(where))
 
     async def aclose(self) -> None:
-        if self._table is not None:
-            self._table.close()  # type: ignore[no-untyped-call]
-            self._table = None
-        if self._connection is not None:
-            self._connection.close()  # type: ignore[no-untyped-call]
-            self._connection = None
+        self._handle.close()

@@ -30,8 +30,16 @@ from starlette.routing import Route
 
 from gateway.errors import InvalidRequest, NotFound
 from gateway.http.api import MAX_LIMIT, _int_param, _json
-from gateway.memory.records import MEMORY_STATUSES, MEMORY_TYPES, USER_SCOPE, Memory, MemoryFilter, Profile
-from gateway.memory.service import MemoryDraft, MemoryService
+from gateway.memory.records import (
+    MEMORY_STATUSES,
+    MEMORY_TYPES,
+    USER_SCOPE,
+    Memory,
+    MemoryDraft,
+    MemoryFilter,
+    Profile,
+)
+from gateway.memory.service import MemoryService
 from gateway.pipeline.identify import bounded_id
 from gateway.pipeline.validate import parse_json_object
 from gateway.records import profile_job

@@ -69,6 +69,19 @@ class Memory:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryDraft:
+    """A memory before it is stored: what extraction or the user (create, import) says."""
+
+    content: str
+    type: str = "stable_fact"
+    scope: str = USER_SCOPE
+    tags: tuple[str, ...] = ()
+    confidence: float = 1.0
+    event_at: datetime | None = None
+    status: str = ACTIVE
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """One user's profile document: `generated` by the profile job from their active memories, and
     `edited`, the user's own version, which is shown instead whenever it is set and which the job never

@@ -23,6 +23,7 @@ from gateway.memory.records import (
     USER_SCOPE,
     Memory,
     MemoryChanges,
+    MemoryDraft,
     MemoryQuery,
     MemoryRow,
     MemorySource,
@@ -55,6 +56,34 @@ def scope_for(candidate: Candidate, conversation_scope: str) -> str:
 
 def history_entry(at: datetime, by: str, action: str, content: str | None) -> JSONObject:
     return {"at": at.isoformat(), "by": by, "action": action, "content": content}
+
+
+def new_memory(
+    tenant: str,
+    user_id: str,
+    draft: MemoryDraft,
+    now: datetime,
+    by: str,
+    sources: tuple[MemorySource, ...] = (),
+) -> Memory:
+    """A memory to store, with a new id and its first history entry (`by`: extraction or user)."""
+    return Memory(
+        id=uuid.uuid4().hex,
+        tenant=tenant,
+        user_id=user_id,
+        scope=draft.scope,
+        type=draft.type,
+        content=draft.content,
+        tags=draft.tags,
+        confidence=draft.confidence,
+        event_at=draft.event_at,
+        status=draft.status,
+        superseded_by=None,
+        created_at=now,
+        updated_at=now,
+        sources=sources,
+        history=(history_entry(now, by, "created", None),),
+    )
 
 
 def memory_row(memory: Memory, vector: list[float] | None) -> MemoryRow:
@@ -178,23 +207,10 @@ class Resolver:
         now: datetime,
         out: Resolution,
     ) -> Memory:
-        memory = Memory(
-            id=uuid.uuid4().hex,
-            tenant=tenant,
-            user_id=user_id,
-            scope=scope,
-            type=candidate.type,
-            content=candidate.content,
-            tags=candidate.tags,
-            confidence=candidate.confidence,
-            event_at=candidate.event_at,
-            status=ACTIVE,
-            superseded_by=None,
-            created_at=now,
-            updated_at=now,
-            sources=(_source(candidate),),
-            history=(history_entry(now, "extraction", "created", None),),
+        draft = MemoryDraft(
+            candidate.content, candidate.type, scope, candidate.tags, candidate.confidence, candidate.event_at
         )
+        memory = new_memory(tenant, user_id, draft, now, "extraction", (_source(candidate),))
         out.added.append(memory)
         out.vectors[memory.id] = vector
         return memory

@@ -7,7 +7,6 @@ they remove (a memory gone from SQL is never shown, whatever the index still hol
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -18,26 +17,14 @@ from gateway.memory.records import (
     ACTIVE,
     Memory,
     MemoryChanges,
+    MemoryDraft,
     MemoryFilter,
     MemoryQuery,
     MemorySearchResult,
     content_hash,
 )
-from gateway.memory.resolve import history_entry, memory_row
+from gateway.memory.resolve import history_entry, memory_row, new_memory
 from gateway.ports import Embedder
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryDraft:
-    """A memory as the user writes it (create, import)."""
-
-    content: str
-    type: str = "stable_fact"
-    scope: str = "user"
-    tags: tuple[str, ...] = ()
-    confidence: float = 1.0
-    event_at: datetime | None = None
-    status: str = ACTIVE
 
 
 @dataclass(slots=True)
@@ -54,25 +41,7 @@ class MemoryService:
         now = datetime.now(UTC)
         if skip_known:
             drafts = await self._unknown(tenant, user_id, drafts)
-        made = [
-            Memory(
-                id=uuid.uuid4().hex,
-                tenant=tenant,
-                user_id=user_id,
-                scope=d.scope,
-                type=d.type,
-                content=d.content,
-                tags=d.tags,
-                confidence=d.confidence,
-                event_at=d.event_at,
-                status=d.status,
-                superseded_by=None,
-                created_at=now,
-                updated_at=now,
-                history=(history_entry(now, "user", "created", None),),
-            )
-            for d in drafts
-        ]
+        made = [new_memory(tenant, user_id, draft, now, "user") for draft in drafts]
         if not made:
             return []
         active = [m for m in made if m.status == ACTIVE]  # superseded history is not searched

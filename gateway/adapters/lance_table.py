@@ -1,0 +1,119 @@
+"""What the LanceDB adapters (message index, memory vectors) share: a table opened at start-up with its
+indexes, the asyncio handle opened in the running loop, and the engine's errors translated at this edge."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import TypeVar
+
+import lancedb
+import pyarrow as pa
+from lancedb.index import FTS, Bitmap, BTree, IndexConfig
+from lancedb.table import AsyncTable, Table
+
+from gateway.errors import SearchIndexError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+IndexConfigs = dict[str, BTree | Bitmap | FTS]
+
+# What the engine raises: its Rust errors surface as RuntimeError/ValueError/OSError, pyarrow's as
+# ArrowException subclasses, a missing column as KeyError. Translated to SearchIndexError at this edge.
+ENGINE_ERRORS: tuple[type[BaseException], ...] = (
+    RuntimeError,
+    ValueError,
+    OSError,
+    KeyError,
+    pa.ArrowException,
+)
+
+
+def missing_indexes(existing: Iterable[IndexConfig], wanted: IndexConfigs) -> IndexConfigs:
+    indexed = {column for index in existing for column in index.columns}
+    return {column: config for column, config in wanted.items() if column not in indexed}
+
+
+def open_table(
+    uri: str,
+    name: str,
+    schema: pa.Schema,
+    dimensions: int,
+    indexes: IndexConfigs,
+    *,
+    storage_options: dict[str, str] | None,
+    consistency: timedelta,
+    upgrade: Callable[[Table], None] | None = None,
+) -> bool:
+    """Open (creating if missing) the table `name` under `uri`, check its vectors' size, `upgrade` an
+    older table (e.g. add a column) and build missing indexes. Returns whether the indexes are ready
+    (some engine versions refuse to index an empty table: the first write builds them then)."""
+    try:
+        # Start-up only: the blocking API, since this may run inside or outside an event loop.
+        db = lancedb.connect(uri, read_consistency_interval=consistency, storage_options=storage_options)
+        try:
+            table = db.open_table(name)
+        except ValueError:  # not there yet; exist_ok: another replica may be creating it right now
+            table = db.create_table(name, schema=schema, exist_ok=True)
+        if upgrade is not None:
+            upgrade(table)
+        found = table.schema.field("vector").type
+        if not pa.types.is_fixed_size_list(found) or found.list_size != dimensions:
+            raise SearchIndexError(f"index table {name!r} holds vectors of type {found}, not {dimensions}-d")
+        try:
+            for column, config in missing_indexes(table.list_indices(), indexes).items():
+                table.create_index(column, config=config)
+        except ENGINE_ERRORS as exc:
+            log.info("index table %s: indexes deferred until it has rows (%s)", name, exc)
+            return False
+        return True
+    except ENGINE_ERRORS as exc:
+        raise SearchIndexError(f"cannot open index table {name!r} at {uri}: {exc}") from exc
+
+
+class LanceHandle:
+    """The asyncio handle of one table, opened on first use in the loop that uses it."""
+
+    def __init__(
+        self, uri: str, name: str, *, storage_options: dict[str, str] | None, consistency: timedelta
+    ) -> None:
+        self.uri = uri
+        self.name = name
+        self._storage_options = storage_options
+        self._consistency = consistency
+        self._table: AsyncTable | None = None
+        self._connection: lancedb.AsyncConnection | None = None
+
+    @asynccontextmanager
+    async def translated(self, action: str) -> AsyncIterator[None]:
+        try:
+            yield
+        except ENGINE_ERRORS as exc:
+            raise SearchIndexError(f"index {action} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def table(self) -> AsyncTable:
+        if self._table is None:
+            async with self.translated("open"):
+                self._connection = await lancedb.connect_async(
+                    self.uri,
+                    read_consistency_interval=self._consistency,
+                    storage_options=self._storage_options,
+                )
+                self._table = await self._connection.open_table(self.name)
+        return self._table
+
+    async def run(self, action: str, operation: Callable[[AsyncTable], Awaitable[T]]) -> T:
+        table = await self.table()
+        async with self.translated(action):
+            return await operation(table)
+
+    def close(self) -> None:
+        if self._table is not None:
+            self._table.close()  # type: ignore[no-untyped-call]
+            self._table = None
+        if self._connection is not None:
+            self._connection.close()  # type: ignore[no-untyped-call]
+            self._connection = None
