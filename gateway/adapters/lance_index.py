@@ -30,7 +30,7 @@ from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.query import BooleanQuery, FullTextOperator, FullTextQuery, MatchQuery, Occur, PhraseQuery
 from lancedb.table import AsyncTable, Table
 
-from gateway.adapters.lance_table import ENGINE_ERRORS, LanceHandle, missing_indexes, open_table
+from gateway.adapters.lance_table import LanceHandle, missing_indexes, open_table
 from gateway.adapters.vector_cache import COLUMNS, DELTA_MARGIN, Entry, Key, VectorCache, from_micros
 from gateway.errors import SearchIndexError
 from gateway.pipeline.text import cjk_bigrams
@@ -518,25 +518,7 @@ class LanceIndex:
             )
             return _hits(result, float, "_score")
 
-        found: dict[str, list[IndexHit]] = {}
-        failures: list[SearchIndexError] = []
-        table = await self._open()
-
-        async def run(kind: str, ranking: Callable[[AsyncTable], Awaitable[list[IndexHit]]]) -> None:
-            try:
-                found[kind] = await ranking(table)
-            except ENGINE_ERRORS as exc:
-                # Kept, not raised inside the group: the caller gets one SearchIndexError, not a group.
-                failures.append(SearchIndexError(f"index search failed: {type(exc).__name__}: {exc}"))
-                failures[-1].__cause__ = exc
-
-        # Both rankings at once: the engine runs each on its own threads.
-        async with anyio.create_task_group() as group:
-            group.start_soon(run, "semantic", semantic)
-            group.start_soon(run, "keyword", keyword)
-        if failures:
-            raise failures[0]
-        return SearchResult(found["semantic"], found["keyword"])
+        return SearchResult(*await self._handle.both(semantic, keyword))
 
     async def prepare(self, query: SearchQuery) -> None:
         if self._cached_key(query) is None:

@@ -30,7 +30,7 @@ from gateway.adapters.lance_index import (
     keyword_query,
     table_name,
 )
-from gateway.adapters.lance_table import ENGINE_ERRORS, LanceHandle, missing_indexes, open_table
+from gateway.adapters.lance_table import LanceHandle, missing_indexes, open_table
 from gateway.adapters.vector_cache import from_micros
 from gateway.errors import SearchIndexError
 from gateway.memory.records import MemoryHit, MemoryQuery, MemoryRow, MemorySearchResult
@@ -276,25 +276,7 @@ class LanceMemoryVectors:
             )
             return _hits(result, float, "_score")
 
-        found: dict[str, list[MemoryHit]] = {}
-        failures: list[SearchIndexError] = []
-        table = await self._open()
-
-        async def run(kind: str, ranking: Callable[[AsyncTable], Awaitable[list[MemoryHit]]]) -> None:
-            try:
-                found[kind] = await ranking(table)
-            except ENGINE_ERRORS as exc:
-                # Kept, not raised inside the group: the caller gets one SearchIndexError, not a group.
-                failures.append(SearchIndexError(f"memory index search failed: {type(exc).__name__}: {exc}"))
-                failures[-1].__cause__ = exc
-
-        # Both rankings at once: the engine runs each on its own threads.
-        async with anyio.create_task_group() as group:
-            group.start_soon(run, "semantic", semantic)
-            group.start_soon(run, "keyword", keyword)
-        if failures:
-            raise failures[0]
-        return MemorySearchResult(found["semantic"], found["keyword"])
+        return MemorySearchResult(*await self._handle.both(semantic, keyword))
 
     async def count(self, tenant: str, user_id: str | None = None) -> int:
         # count_rows takes SQL text only, so the ids are quoted here (`_sql_string`), not built as `expr`.

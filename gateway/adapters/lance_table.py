@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import TypeVar
 
+import anyio
 import lancedb
 import pyarrow as pa
 from lancedb.index import FTS, Bitmap, BTree, IndexConfig
@@ -19,6 +20,7 @@ from gateway.errors import SearchIndexError
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+H = TypeVar("H")  # a hit, as each adapter reads it
 IndexConfigs = dict[str, BTree | Bitmap | FTS]
 
 # What the engine raises: its Rust errors surface as RuntimeError/ValueError/OSError, pyarrow's as
@@ -109,6 +111,31 @@ class LanceHandle:
         table = await self.table()
         async with self.translated(action):
             return await operation(table)
+
+    async def both(
+        self,
+        semantic: Callable[[AsyncTable], Awaitable[list[H]]],
+        keyword: Callable[[AsyncTable], Awaitable[list[H]]],
+    ) -> tuple[list[H], list[H]]:
+        """Both rankings of a search at once (the engine runs each on its own threads); a failure of
+        either is one SearchIndexError, not an exception group."""
+        table = await self.table()
+        found: dict[str, list[H]] = {}
+        failures: list[SearchIndexError] = []
+
+        async def run(kind: str, ranking: Callable[[AsyncTable], Awaitable[list[H]]]) -> None:
+            try:
+                found[kind] = await ranking(table)
+            except ENGINE_ERRORS as exc:
+                failures.append(SearchIndexError(f"index search failed: {type(exc).__name__}: {exc}"))
+                failures[-1].__cause__ = exc
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(run, "semantic", semantic)
+            group.start_soon(run, "keyword", keyword)
+        if failures:
+            raise failures[0]
+        return found["semantic"], found["keyword"]
 
     def close(self) -> None:
         if self._table is not None:
