@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, text
 
 from gateway.adapters.lance_memories import LanceMemoryVectors
 from gateway.fakes.openai_upstream import Reply, ToolCall
+from gateway.memory.prompts import EXTRACT_MARKER
 from gateway.wiring import memory_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant, wait_for_jobs
 
@@ -615,3 +616,28 @@ def test_agentic_recall_stops_after_its_rounds(
     assert answer.choices[0].message.content == "Done."
     last = upstream.fake.last_chat().body
     assert "tools" not in last and last["messages"][-1]["content"] == "nothing found"  # type: ignore[index]
+
+
+def test_after_a_regenerated_answer_only_the_new_turns_are_read(
+    remembering: Gateway, upstream: Upstream
+) -> None:
+    client = remembering.client(default_headers={"X-User-Id": "ana"})
+    first = [{"role": "user", "content": "I keep bees in my garden."}]
+    client.chat.completions.create(model="gpt-4o-mini", messages=first)  # type: ignore[arg-type]
+    wait_for_jobs(remembering)
+    upstream.fake.enqueue(Reply(content="A second take on bees."))
+    regenerated = client.chat.completions.create(model="gpt-4o-mini", messages=first)  # type: ignore[arg-type]
+    history = [*first, {"role": "assistant", "content": regenerated.choices[0].message.content}]
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=[*history, {"role": "user", "content": "I also grow tomatoes."}]
+    )
+    recorded(remembering, raw.headers["x-gateway-request-id"])
+    wait_for_jobs(remembering)
+    extractions = [
+        r.body["messages"]  # type: ignore[index]
+        for r in upstream.fake.memory_requests()
+        if str(r.body["messages"][0]["content"]).startswith(EXTRACT_MARKER)  # type: ignore[index]
+    ]
+    last = str(extractions[-1][1]["content"])  # type: ignore[index]
+    assert last.count("<turn ") == 1 and "tomatoes" in last  # the first turn is not read again
+    assert contents(remembering) == ["I also grow tomatoes.", "I keep bees in my garden."]

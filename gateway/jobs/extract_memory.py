@@ -114,7 +114,7 @@ class ExtractMemoryHandler:
             return  # deleted meanwhile
         path = await self.store.path(job.tenant, conversation.last_message_id)
         cursor = work.after or await self.memories.cursor(job.tenant, work.conversation_id)
-        start = _start(path, cursor, target.config.extract_max_turns)
+        start = await self._start(job.tenant, path, cursor, target.config.extract_max_turns)
         turns, end = user_turns(path, start, target.config.extract_max_turns)
         if end < start:
             return
@@ -138,6 +138,22 @@ class ExtractMemoryHandler:
             # pending): the rest in a job of its own.
             after = MemoryWork(work.conversation_id, work.user_id, work.scope, work.model, path[end].node.id)
             await self.queue.enqueue(after.job(job.tenant))
+
+    async def _start(self, tenant: str, path: Sequence[StoredMessage], cursor: str | None, limit: int) -> int:
+        """Where reading starts: after the cursor when it is on this path; from the root for a
+        conversation never read; on another branch than the one read (a regenerated answer, an edited
+        question), after the last message the two branches share; the newest `limit` user turns when
+        the read branch is gone (deleted)."""
+        if cursor is None:
+            return 0
+        for index, message in enumerate(path):
+            if message.node.id == cursor:
+                return index + 1
+        read = {m.node.id for m in await self.store.path(tenant, cursor)}
+        if not read:
+            return _newest_turns(path, limit)
+        shared = [index for index, message in enumerate(path) if message.node.id in read]
+        return shared[-1] + 1 if shared else 0
 
     async def _learn(
         self,
@@ -186,14 +202,6 @@ class ExtractMemoryHandler:
             await self.queue.enqueue(profile_job(tenant, user_id, work.model, delay))
 
 
-def _start(path: Sequence[StoredMessage], cursor: str | None, limit: int) -> int:
-    """Where reading starts: after the cursor when it is on this path; from the root for a conversation
-    never read; on another branch than the one read, the newest `limit` user turns (what they repeat of
-    the other branch is found as known and only linked)."""
-    if cursor is None:
-        return 0
-    for index, message in enumerate(path):
-        if message.node.id == cursor:
-            return index + 1
+def _newest_turns(path: Sequence[StoredMessage], limit: int) -> int:
     users = [i for i, m in enumerate(path) if m.node.role == "user"]
     return users[-limit] if len(users) >= limit else 0
