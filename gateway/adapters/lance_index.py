@@ -30,7 +30,7 @@ from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.query import BooleanQuery, FullTextOperator, FullTextQuery, MatchQuery, Occur, PhraseQuery
 from lancedb.table import AsyncTable, Table
 
-from gateway.adapters.lance_table import LanceHandle, missing_indexes, open_table
+from gateway.adapters.lance_table import LanceHandle, matching, missing_indexes, nearest, open_table
 from gateway.adapters.vector_cache import COLUMNS, DELTA_MARGIN, Entry, Key, VectorCache, from_micros
 from gateway.errors import SearchIndexError
 from gateway.pipeline.text import cjk_bigrams
@@ -492,30 +492,13 @@ class LanceIndex:
             entry = await self._cached(query)
             if entry is not None:
                 return entry.search(query, vector)
-            # Prefiltered (the default): top-k among the rows that pass the filter; rows without a
-            # vector are skipped by the engine.
-            result = await (
-                table.query()
-                .nearest_to(vector)
-                .distance_type("cosine")
-                .where(where)
-                .limit(query.limit)
-                .select([*_HIT_COLUMNS, "_distance"])
-                .to_arrow()
-            )
+            result = await nearest(table, vector, where, query.limit, _HIT_COLUMNS)
             return _hits(result, lambda distance: 1.0 - distance, "_distance")
 
         async def keyword(table: AsyncTable) -> list[IndexHit]:
             if text is None:
                 return []
-            result = await (
-                table.query()
-                .nearest_to_text(text)
-                .where(where)
-                .limit(query.limit)
-                .select([*_HIT_COLUMNS, "_score"])
-                .to_arrow()
-            )
+            result = await matching(table, text, where, query.limit, _HIT_COLUMNS)
             return _hits(result, float, "_score")
 
         return SearchResult(*await self._handle.both(semantic, keyword))

@@ -30,7 +30,7 @@ from gateway.adapters.lance_index import (
     keyword_query,
     table_name,
 )
-from gateway.adapters.lance_table import LanceHandle, missing_indexes, open_table
+from gateway.adapters.lance_table import LanceHandle, matching, missing_indexes, nearest, open_table
 from gateway.adapters.vector_cache import from_micros
 from gateway.errors import SearchIndexError
 from gateway.memory.records import MemoryHit, MemoryQuery, MemoryRow, MemorySearchResult
@@ -250,30 +250,13 @@ class LanceMemoryVectors:
         async def semantic(table: AsyncTable) -> list[MemoryHit]:
             if vector is None:
                 return []
-            # Prefiltered (the default): top-k among the user's rows in these scopes; rows without a
-            # vector are skipped by the engine.
-            result = await (
-                table.query()
-                .nearest_to(vector)
-                .distance_type("cosine")
-                .where(where)
-                .limit(query.limit)
-                .select([*_HIT_COLUMNS, "_distance"])
-                .to_arrow()
-            )
+            result = await nearest(table, vector, where, query.limit, _HIT_COLUMNS)
             return _hits(result, lambda distance: 1.0 - distance, "_distance")
 
         async def keyword(table: AsyncTable) -> list[MemoryHit]:
             if text is None:
                 return []
-            result = await (
-                table.query()
-                .nearest_to_text(text)
-                .where(where)
-                .limit(query.limit)
-                .select([*_HIT_COLUMNS, "_score"])
-                .to_arrow()
-            )
+            result = await matching(table, text, where, query.limit, _HIT_COLUMNS)
             return _hits(result, float, "_score")
 
         return MemorySearchResult(*await self._handle.both(semantic, keyword))

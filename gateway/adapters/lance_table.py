@@ -11,8 +11,12 @@ from typing import TypeVar
 
 import anyio
 import lancedb
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
+from lancedb.expr import Expr
 from lancedb.index import FTS, Bitmap, BTree, IndexConfig
+from lancedb.query import FullTextQuery
 from lancedb.table import AsyncTable, Table
 
 from gateway.errors import SearchIndexError
@@ -74,6 +78,36 @@ def open_table(
         return True
     except ENGINE_ERRORS as exc:
         raise SearchIndexError(f"cannot open index table {name!r} at {uri}: {exc}") from exc
+
+
+async def nearest(
+    table: AsyncTable, vector: npt.NDArray[np.float32], where: Expr, limit: int, columns: list[str]
+) -> pa.Table:
+    """The `limit` rows passing `where` closest to `vector` by cosine, with `_distance`. Prefiltered
+    (the default): top-k among the rows that pass; rows without a vector are skipped by the engine."""
+    return await (
+        table.query()
+        .nearest_to(vector)
+        .distance_type("cosine")
+        .where(where)
+        .limit(limit)
+        .select([*columns, "_distance"])
+        .to_arrow()
+    )
+
+
+async def matching(
+    table: AsyncTable, text: FullTextQuery, where: Expr, limit: int, columns: list[str]
+) -> pa.Table:
+    """The `limit` rows passing `where` that best match the full-text query, with `_score` (BM25)."""
+    return (
+        await table.query()
+        .nearest_to_text(text)
+        .where(where)
+        .limit(limit)
+        .select([*columns, "_score"])
+        .to_arrow()
+    )
 
 
 class LanceHandle:

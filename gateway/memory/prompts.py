@@ -114,14 +114,8 @@ def profile_request(model: str, memories: Sequence[Memory], limit: int) -> JSONO
         f"- [{(m.event_at or m.created_at):%Y-%m-%d}] ({m.type}) {m.content}"
         for m in sorted(memories, key=lambda m: m.event_at or m.created_at)
     ]
-    return {
-        "model": model,
-        "temperature": 0,
-        "messages": [
-            {"role": "system", "content": PROFILE_SYSTEM.replace("{limit}", str(limit))},
-            {"role": "user", "content": "<memories>\n" + "\n".join(lines) + "\n</memories>"},
-        ],
-    }
+    user = "<memories>\n" + "\n".join(lines) + "\n</memories>"
+    return _chat(model, PROFILE_SYSTEM.replace("{limit}", str(limit)), user)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +143,21 @@ class Candidate:
     turn: Turn
 
 
-def _response_format(name: str, schema: JSONObject) -> JSONObject:
-    return {"type": "json_schema", "json_schema": {"name": name, "strict": True, "schema": schema}}
+def _chat(model: str, system: str, user: str, schema: tuple[str, JSONObject] | None = None) -> JSONObject:
+    """One memory call: its instructions, its input, and (`schema`: name and JSON schema) the shape the
+    answer must have."""
+    request: JSONObject = {
+        "model": model,
+        "temperature": 0,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+    }
+    if schema is not None:
+        name, body = schema
+        request["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": name, "strict": True, "schema": body},
+        }
+    return request
 
 
 def extraction_request(model: str, turns: Sequence[Turn], today: datetime, *, structured: bool) -> JSONObject:
@@ -161,17 +168,9 @@ def extraction_request(model: str, turns: Sequence[Turn], today: datetime, *, st
             parts.append(f"<assistant>{escape(turn.context, quote=False)}</assistant>")
         when = f' date="{turn.said_at:%Y-%m-%d}"' if turn.said_at is not None else ""
         parts.append(f'<turn n="{turn.number}"{when}>\n{escape(turn.text, quote=False)}\n</turn>')
-    request: JSONObject = {
-        "model": model,
-        "temperature": 0,
-        "messages": [
-            {"role": "system", "content": EXTRACT_SYSTEM},
-            {"role": "user", "content": "\n".join(parts)},
-        ],
-    }
-    if structured:
-        request["response_format"] = _response_format("memories", EXTRACT_SCHEMA)
-    return request
+    return _chat(
+        model, EXTRACT_SYSTEM, "\n".join(parts), ("memories", EXTRACT_SCHEMA) if structured else None
+    )
 
 
 def resolution_request(
@@ -185,17 +184,8 @@ def resolution_request(
             text = escape(memory.content, quote=False)
             lines.append(f'  <existing n="{index}" date="{when:%Y-%m-%d}">{text}</existing>')
         parts.append("\n".join(lines))
-    request: JSONObject = {
-        "model": model,
-        "temperature": 0,
-        "messages": [
-            {"role": "system", "content": RESOLVE_SYSTEM},
-            {"role": "user", "content": "\n\n".join(parts)},
-        ],
-    }
-    if structured:
-        request["response_format"] = _response_format("decisions", RESOLVE_SCHEMA)
-    return request
+    schema = ("decisions", RESOLVE_SCHEMA) if structured else None
+    return _chat(model, RESOLVE_SYSTEM, "\n\n".join(parts), schema)
 
 
 def with_repair(request: JSONObject, reply: str) -> JSONObject:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -184,75 +184,75 @@ class MemorySection:
             found = await self._find(build)
         detail: JSONObject = dict(found.detail)
         count = build.tokenizer.count
-        used = count(HEADER)
+        used = count(HEADER) + 1  # every line is counted with its line break
         lines = [HEADER]
-        standing_ids: list[str] = []
-        relevant: list[JSONObject] = []
         profile_used = False
         if found.profile is not None and found.profile.shown:
             block = f"About this user (their profile):\n{found.profile.shown}"
-            cost = count(block)
+            cost = count(block) + 1
             if cost <= 2 * self.config.profile_tokens and used + cost <= allowance:  # never cut mid-way
                 lines.append(block)
                 used += cost
                 profile_used = True
             else:
                 detail["profile_skipped"] = "over its allowance"
-        if found.standing:
-            room = max(int(allowance * STANDING_SHARE), used) if found.relevant else allowance
-            title = "Standing preferences and facts:"
-            cost = count(title)
-            taken: list[str] = []
-            for memory in found.standing:
-                line = _line(memory)
-                tokens = count(line)
-                if used + cost + tokens > room:
-                    continue
-                taken.append(line)
-                cost += tokens
-                standing_ids.append(memory.id)
-            if taken:
-                lines += [title, *taken]
-                used += cost
-        if found.relevant:
-            title = "Relevant to this question:"
-            cost = count(title)
-            taken = []
-            for ranked in found.relevant:
-                line = _line(ranked.memory)
-                tokens = count(line)
-                if used + cost + tokens > allowance:
-                    continue
-                taken.append(line)
-                cost += tokens
-                relevant.append(
-                    {
-                        "id": ranked.memory.id,
-                        "score": round(ranked.score, 5),
-                        "similarity": None if ranked.similarity is None else round(ranked.similarity, 4),
-                        "why": "meaning and exact terms"
-                        if ranked.keyword and ranked.similarity is not None
-                        else ("exact terms" if ranked.keyword else "meaning"),
-                    }
-                )
-            if taken:
-                lines += [title, *taken]
-                used += cost
-        ids: list[JSON] = [*standing_ids, *(r["id"] for r in relevant)]
-        detail["memory_ids"] = ids
-        detail["standing"] = list[JSON](standing_ids)
-        detail["relevant"] = list[JSON](relevant)
+        room = max(int(allowance * STANDING_SHARE), used) if found.relevant else allowance
+        standing, used = _take("Standing preferences and facts:", found.standing, room, used, count, lines)
+        ranked = {r.memory.id: r for r in found.relevant}
+        chosen, used = _take(
+            "Relevant to this question:", [r.memory for r in found.relevant], allowance, used, count, lines
+        )
+        relevant: list[JSON] = [
+            {
+                "id": memory.id,
+                "score": round(ranked[memory.id].score, 5),
+                "similarity": _rounded(ranked[memory.id].similarity),
+                "why": _why(ranked[memory.id]),
+            }
+            for memory in chosen
+        ]
+        detail["memory_ids"] = [*(m.id for m in standing), *(m.id for m in chosen)]
+        detail["standing"] = [m.id for m in standing]
+        detail["relevant"] = relevant
         detail["profile"] = profile_used
-        if not standing_ids and not relevant and not profile_used:
+        if not standing and not chosen and not profile_used:
             return Proposal(detail=detail)
         text = "\n".join(lines)
-        tokens = count(text)
-        while tokens > allowance and len(lines) > 2 and lines[-1].startswith("- "):
-            # The lines joined may count a little more than their sum: the last ones go, whole.
-            lines.pop()
-            text = "\n".join(lines)
-            tokens = count(text)
-        return Proposal(tokens=tokens, text=text, detail=detail)
+        return Proposal(tokens=count(text), text=text, detail=detail)
+
+
+def _take(
+    title: str,
+    memories: list[Memory],
+    room: int,
+    used: int,
+    count: Callable[[str], int],
+    lines: list[str],
+) -> tuple[list[Memory], int]:
+    """The memories whose lines fit `room` (with the used tokens so far), in order, under `title`;
+    their lines go onto `lines`. Returns them and the tokens used after."""
+    cost = count(title) + 1
+    taken: list[tuple[Memory, str]] = []
+    for memory in memories:
+        line = _line(memory)
+        tokens = count(line) + 1
+        if used + cost + tokens <= room:
+            taken.append((memory, line))
+            cost += tokens
+    if not taken:
+        return [], used
+    lines += [title, *(line for _, line in taken)]
+    return [memory for memory, _ in taken], used + cost
+
+
+def _rounded(similarity: float | None) -> float | None:
+    return None if similarity is None else round(similarity, 4)
+
+
+def _why(ranked: _Ranked) -> str:
+    if ranked.keyword and ranked.similarity is not None:
+        return "meaning and exact terms"
+    return "exact terms" if ranked.keyword else "meaning"
 
 
 def _line(memory: Memory) -> str:
