@@ -641,3 +641,30 @@ def test_after_a_regenerated_answer_only_the_new_turns_are_read(
     last = str(extractions[-1][1]["content"])  # type: ignore[index]
     assert last.count("<turn ") == 1 and "tomatoes" in last  # the first turn is not read again
     assert contents(remembering) == ["I also grow tomatoes.", "I keep bees in my garden."]
+
+
+def test_a_long_history_arriving_in_one_request_is_learnt_in_bounded_calls(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    memory = {**MEMORY, "extract_max_turns": 4, "profile": False}
+    gateway = make_gateway([tenant("acme", upstream.base_url, memory=memory)], jobs=JOBS)
+    history: list[Any] = []
+    for n in range(12):
+        history += [
+            {"role": "user", "content": f"I visited city number {n} last year."},
+            {"role": "assistant", "content": "Nice."},
+        ]
+    history.append({"role": "user", "content": "我喜欢喝乌龙茶。"})  # and one in another language
+    client = gateway.client(default_headers={"X-User-Id": "ana"})
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=history)
+    recorded(gateway, raw.headers["x-gateway-request-id"])
+    wait_for_jobs(gateway)
+    learnt = contents(gateway)
+    assert len(learnt) == 13 and "我喜欢喝乌龙茶。" in learnt
+    extractions = [
+        r
+        for r in upstream.fake.memory_requests()
+        if str(r.body["messages"][0]["content"]).startswith(EXTRACT_MARKER)  # type: ignore[index]
+    ]
+    assert len(extractions) == 4  # 13 turns, at most 4 a call
+    assert all(str(r.body["messages"][1]["content"]).count("<turn ") <= 4 for r in extractions)  # type: ignore[index]

@@ -143,7 +143,7 @@ class Resolver:
         pending: list[tuple[Candidate, list[float], list[Memory]]] = []
         kept: list[tuple[Candidate, list[float]]] = []
         for candidate, vector in zip(fresh, vectors, strict=True):
-            if any(_cosine(vector, v) >= duplicate for c, v in kept if c.type == candidate.type):
+            if any(self._same(candidate, vector, c, v, duplicate) for c, v in kept):
                 continue  # said twice in this batch, in other words
             kept.append((candidate, vector))
             scope = scope_for(candidate, conversation_scope)
@@ -169,6 +169,22 @@ class Resolver:
                     tenant, user_id, conversation_scope, candidate, vector, shown, decision, now, out
                 )
         return out
+
+    @staticmethod
+    def _same(
+        candidate: Candidate,
+        vector: list[float],
+        other: Candidate,
+        other_vector: list[float],
+        duplicate: float,
+    ) -> bool:
+        """Two candidates saying the same: as close as duplicates, of one type, with the same numbers and
+        negations (the rule a stored memory is matched by, too)."""
+        return (
+            candidate.type == other.type
+            and _cosine(vector, other_vector) >= duplicate
+            and same_specifics(candidate.content, other.content)
+        )
 
     async def _not_known(
         self,
