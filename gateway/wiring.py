@@ -67,6 +67,7 @@ class Deps:
     summaries: SummaryStore
     jobs: JobQueue
     workers: WorkerPool  # started and stopped by the app lifespan; `workers.register(kind, handler)`
+    tokenizers: Tokenizers
     counters: Counters = field(default_factory=Counters)
     indexes: dict[str, IndexTarget] = field(default_factory=dict)  # tenant -> its retrieval index
     memories: MemoryStore | None = None
@@ -447,6 +448,7 @@ def build_deps(
         summaries=summaries,
         jobs=jobs,
         workers=workers,
+        tokenizers=tokenizers,
         counters=counters,
         indexes=indexes,
         memories=memories,

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from anthropic import Anthropic, AsyncAnthropic
 from openai import AsyncOpenAI, OpenAI
 
 from gateway.app import create_app
@@ -51,6 +52,13 @@ class Gateway:
     def async_client(self, api_key: str = GATEWAY_KEY, **kwargs: Any) -> AsyncOpenAI:
         return AsyncOpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, **kwargs)
 
+    def anthropic(self, api_key: str = GATEWAY_KEY, **kwargs: Any) -> Anthropic:
+        """The official Anthropic SDK pointed at the gateway (it adds /v1 itself; the key goes in x-api-key)."""
+        return Anthropic(base_url=self.server.url, api_key=api_key, max_retries=0, **kwargs)
+
+    def async_anthropic(self, api_key: str = GATEWAY_KEY, **kwargs: Any) -> AsyncAnthropic:
+        return AsyncAnthropic(base_url=self.server.url, api_key=api_key, max_retries=0, **kwargs)
+
 
 def api(gateway: Gateway, path: str, key: str = GATEWAY_KEY) -> Any:
     response = httpx.get(f"{gateway.server.url}/api{path}", headers={"Authorization": f"Bearer {key}"})
@@ -68,6 +76,19 @@ def wait_for_jobs(gateway: Gateway, timeout: float = 60.0) -> dict[str, int]:
             return jobs
         time.sleep(0.05)
     raise AssertionError(f"jobs still pending after {timeout}s: {jobs}")
+
+
+def recorded(gateway: Gateway, request_id: str, key: str = GATEWAY_KEY) -> None:
+    """Until the request's record is stored: its jobs are queued in the same transaction, after the last
+    byte (so `wait_for_jobs` cannot miss them)."""
+    for _ in range(500):
+        response = httpx.get(
+            f"{gateway.server.url}/api/requests/{request_id}", headers={"Authorization": f"Bearer {key}"}
+        )
+        if response.status_code == 200:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"request {request_id} was never recorded")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from gateway.adapters.lance_memories import LanceMemoryVectors
 from gateway.fakes.openai_upstream import Reply, ToolCall
 from gateway.memory.prompts import EXTRACT_MARKER
 from gateway.wiring import memory_table
-from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant, wait_for_jobs
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, recorded, tenant, wait_for_jobs
 
 JOBS = {"poll_seconds": 0.05, "retry_base_seconds": 0.05, "lease_seconds": 20, "max_attempts": 2}
 MEMORY = {"enabled": True, "extract_delay_seconds": 0, "profile_delay_seconds": 0}
@@ -33,19 +32,6 @@ def ask(gateway: Gateway, text: str, *, user: str = "ana", key: str = GATEWAY_KE
     )
     recorded(gateway, raw.headers["x-gateway-request-id"], key)
     return raw
-
-
-def recorded(gateway: Gateway, request_id: str, key: str = GATEWAY_KEY) -> None:
-    """Until the request's record is stored: its jobs are queued in the same transaction, after the last
-    byte (so `wait_for_jobs` cannot miss them)."""
-    for _ in range(500):
-        response = httpx.get(
-            f"{gateway.server.url}/api/requests/{request_id}", headers={"Authorization": f"Bearer {key}"}
-        )
-        if response.status_code == 200:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"request {request_id} was never recorded")
 
 
 def memories(gateway: Gateway, user: str = "ana", key: str = GATEWAY_KEY, **params: str) -> list[Any]:

@@ -19,7 +19,8 @@ _HOP_BY_HOP = frozenset(
         b"content-length",
     }
 )
-_NOT_UPSTREAM = _HOP_BY_HOP | {b"authorization", b"x-gateway-key", b"cookie"}
+# x-api-key is how Anthropic SDKs send the gateway key.
+_NOT_UPSTREAM = _HOP_BY_HOP | {b"authorization", b"x-api-key", b"x-gateway-key", b"cookie"}
 _NOT_UPSTREAM_CHAT = _NOT_UPSTREAM | {b"accept-encoding", b"content-type"}
 _NOT_DOWNSTREAM = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}

@@ -9,6 +9,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import AuthenticationFailed
 from gateway.http.errors import error_body
+from gateway.inbound import messages_out
 from gateway.tenants import TenantRegistry
 
 
@@ -36,7 +37,8 @@ class RequestContextMiddleware:
 
 
 class AuthMiddleware:
-    """Resolves the caller of every /v1 and /api request from `Authorization: Bearer` (or `X-Gateway-Key`)."""
+    """Resolves the caller of every /v1 and /api request from `Authorization: Bearer` (or `x-api-key`, as
+    Anthropic SDKs send it; or `X-Gateway-Key`)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -54,6 +56,8 @@ class AuthMiddleware:
                     bearer = token.strip()
             elif name == b"x-gateway-key":
                 gateway_key = value.decode("latin-1").strip()
+            elif name == b"x-api-key" and bearer is None:
+                bearer = value.decode("latin-1").strip() or None
         try:
             registry: TenantRegistry = scope["state"]["deps"].tenants
             caller = registry.resolve(bearer, gateway_key)
@@ -63,7 +67,10 @@ class AuthMiddleware:
                 )
             scope["caller"] = caller
         except AuthenticationFailed as exc:
-            body = error_body(exc.message, exc.error_type, None, exc.code)
+            if scope["path"].startswith("/v1/messages"):
+                body = messages_out.error_body(exc.status, exc.message)
+            else:
+                body = error_body(exc.message, exc.error_type, None, exc.code)
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
             await send({"type": "http.response.start", "status": exc.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})

@@ -3,7 +3,8 @@
 `chain_hash = H(parent.chain_hash, canonical(message))`. The canonical form keeps what a message means
 (role, content, tool calls, name, tool_call_id) and drops what clients change between calls without
 meaning to: key order, JSON whitespace, null or empty fields, and extra fields SDKs add to assistant
-messages they send back (refusal, annotations, audio).
+messages they send back (refusal, annotations, audio). Tool-call arguments are compared as JSON values:
+an Anthropic client sends a call back as an `input` object, which cannot restore the model's spacing.
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ def _content(value: JSON) -> JSON:
     return _clean(value)
 
 
+def _arguments(value: JSON) -> JSON:
+    if isinstance(value, str) and value[:1] == "{":
+        try:
+            parsed: JSON = orjson.loads(value)
+            return parsed
+        except orjson.JSONDecodeError:
+            return value
+    return value
+
+
 def _tool_calls(value: JSON) -> JSON:
     if not isinstance(value, list) or not value:
         return None
@@ -50,7 +61,7 @@ def _tool_calls(value: JSON) -> JSON:
                 "id": call.get("id"),
                 "type": call.get("type") or "function",
                 "name": function.get("name"),
-                "arguments": function.get("arguments"),
+                "arguments": _arguments(function.get("arguments")),
             }
         )
     return calls

@@ -8,6 +8,7 @@ its own), tees them into a `ChatAccumulator`, and turns an upstream failure mid-
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
 
 import orjson
 
@@ -32,11 +33,27 @@ def error_frame(message: str, error_type: str, code: str | None) -> bytes:
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
+class StreamTranslator(Protocol):
+    """Turns chat-completion chunks into another API's stream (another front door's wire format)."""
+
+    def feed(self, chunk: JSONObject) -> list[bytes]: ...
+
+    def done(self) -> list[bytes]:
+        """At `[DONE]`: the frames that end the stream."""
+        ...
+
+    def failed(self, message: str, error_type: str, code: str | None) -> bytes:
+        """The in-band error frame for an upstream failure mid-stream."""
+        ...
+
+
 class StreamRelay:
     """One upstream SSE stream on its way to the client; `outcome()` describes how it went.
 
     `before_done` runs before the `[DONE]` frame is released: a client that sends its next request as
-    soon as it sees `[DONE]` then finds this answer already stored (thin mode relies on it).
+    soon as it sees `[DONE]` then finds this answer already stored (thin mode relies on it). With a
+    `translator`, the client gets its frames instead of the chat chunks (the accumulator still reads
+    the chunks, so what is stored is the same whichever door the request came through).
     """
 
     def __init__(
@@ -45,10 +62,13 @@ class StreamRelay:
         *,
         strip_usage: bool,
         before_done: Callable[[ChatOutcome], Awaitable[None]] | None = None,
+        translator: StreamTranslator | None = None,
     ) -> None:
         self._response = response
         self._strip_usage = strip_usage
         self._before_done = before_done
+        self._translator = translator
+        self._chunk: JSONObject | None = None  # the last frame's parsed chunk (None: not a chunk)
         self.accumulator = ChatAccumulator()
         self._error: str | None = None
 
@@ -63,19 +83,32 @@ class StreamRelay:
                     if accumulator.saw_done and self._before_done is not None:
                         hook, self._before_done = self._before_done, None
                         await hook(self.outcome(200, disconnected=False))
-                    yield frame
+                    if self._translator is None:
+                        yield frame
+                    elif accumulator.saw_done:
+                        for out in self._translator.done():
+                            yield out
+                    elif self._chunk is not None:
+                        for out in self._translator.feed(self._chunk):
+                            yield out
         except UpstreamError as exc:
             self._error = exc.message
-            yield error_frame(exc.message, exc.error_type, exc.code)
+            yield self._failed(exc.message, exc.error_type, exc.code)
             return
         rest = splitter.rest()
-        if rest.strip():
+        if rest.strip() and self._translator is None:
             yield rest
         if not accumulator.saw_done and not accumulator.finished:
             self._error = "upstream stream ended before the answer was complete"
-            yield error_frame(self._error, "upstream_error", "upstream_stream_truncated")
+            yield self._failed(self._error, "upstream_error", "upstream_stream_truncated")
+
+    def _failed(self, message: str, error_type: str, code: str | None) -> bytes:
+        if self._translator is not None:
+            return self._translator.failed(message, error_type, code)
+        return error_frame(message, error_type, code)
 
     def _keep(self, frame: bytes, accumulator: ChatAccumulator) -> bool:
+        self._chunk = None
         data = frame_data(frame)
         if data is None:
             return True
@@ -85,6 +118,7 @@ class StreamRelay:
         chunk = parse_chunk(data)
         if chunk is None:
             return True
+        self._chunk = chunk
         if isinstance(chunk.get("error"), dict):
             self._error = orjson.dumps(chunk["error"]).decode()
         accumulator.add(chunk)

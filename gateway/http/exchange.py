@@ -1,0 +1,207 @@
+"""One chat exchange through the pipeline, whichever front door it came in by.
+
+read the door's request -> prepare (identify, ingest, build) -> upstream -> relay or buffer the answer
+(the memory tool loop answered here) -> persist. The door converts on the way in and out; the pipeline
+sees chat completions only, so every door gets the same tree, context and stored answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import GatewayError, PayloadTooLarge, UpstreamError
+from gateway.http.doors import Door, MessagesDoor
+from gateway.http.headers import to_client, to_upstream
+from gateway.http.streaming import RelayResponse
+from gateway.memory.scope import incognito
+from gateway.pipeline.call import ChatCall, ChatOutcome
+from gateway.pipeline.forward import StreamRelay, buffered_outcome, with_stream_usage
+from gateway.ports import ChatPayload, JSONObject
+from gateway.tenants import Caller
+from gateway.wiring import Deps
+
+log = logging.getLogger(__name__)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"Request body of {declared} bytes is over the gateway's limit of {limit} bytes."
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"Request body is over the gateway's limit of {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def overhead_header(request: Request, upstream_seconds: float) -> tuple[bytes, bytes]:
+    overhead = time.perf_counter() - request.scope["started"] - upstream_seconds
+    return (b"x-gateway-overhead-ms", f"{overhead * 1000:.3f}".encode())
+
+
+def _context_headers(call: ChatCall) -> list[tuple[bytes, bytes]]:
+    state = call.state
+    headers: list[tuple[bytes, bytes]] = []
+    if state.conversation_id is not None:
+        headers.append((b"x-conversation-id", state.conversation_id.encode()))
+    if state.leaf_id is not None:
+        headers.append((b"x-message-id", state.leaf_id.encode()))
+    if state.original_tokens is not None and state.sent_tokens is not None:
+        headers.append((b"x-context-tokens-original", str(state.original_tokens).encode()))
+        headers.append((b"x-context-tokens-sent", str(state.sent_tokens).encode()))
+    if incognito(call.headers):
+        headers.append((b"x-gateway-memory", b"off"))
+    return headers
+
+
+def error_response(door: Door, exc: GatewayError, request_id: str | None) -> Response:
+    if exc.status >= 500:
+        log.warning("request %s: %s", request_id, exc.message)
+    return Response(door.error(exc), status_code=exc.status, media_type="application/json")
+
+
+async def exchange(request: Request, door: Door, max_body_bytes: int) -> Response | RelayResponse:
+    """Errors the gateway raises come back in the door's own shape."""
+    try:
+        return await _exchange(request, door, max_body_bytes)
+    except GatewayError as exc:
+        return error_response(door, exc, request.scope.get("request_id"))
+
+
+async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Response | RelayResponse:
+    deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
+    deps.counters.chat_requests += 1
+    parsed = door.parse(await read_body(request, max_body_bytes))
+    call = ChatCall(
+        request_id=request.scope["request_id"],
+        tenant=caller.tenant.name,
+        body=parsed.body,
+        raw=parsed.raw,
+        headers=door.upstream_headers(to_upstream(request.scope["headers"], chat=True)),
+        started=request.scope["started"],
+    )
+    tenant = caller.tenant
+    pipeline = tenant.pipeline
+    payload = await pipeline.prepare(call)
+    translator = door.translator() if call.stream else None
+    strip_usage = False
+    if tenant.config.upstream.request_stream_usage:
+        payload, strip_usage = with_stream_usage(call, payload)
+        strip_usage = strip_usage and translator is None  # a translator reads the usage chunk itself
+    payload = door.for_upstream(payload, tenant.config.upstream)
+
+    sent = time.perf_counter()
+    try:
+        response = await tenant.upstream.chat_completions(payload, call.headers, caller.client_key)
+    except UpstreamError as exc:
+        deps.counters.upstream_errors += 1
+        await pipeline.complete(call, buffered_outcome(exc.status, exc.message.encode()))
+        raise
+    waited = time.perf_counter() - sent
+    content_type = next((v for k, v in response.headers if k.lower() == "content-type"), "")
+
+    persisted = False
+
+    async def persist(outcome: ChatOutcome) -> None:
+        nonlocal persisted
+        if not persisted:
+            persisted = True
+            await pipeline.complete(call, outcome)
+
+    if call.stream and response.status == 200 and content_type.startswith("text/event-stream"):
+        before_done = persist if call.state.explicit else None
+        relay = StreamRelay(response, strip_usage=strip_usage, before_done=before_done, translator=translator)
+        headers = [
+            *to_client(response.headers, decoded=True),
+            *parsed.headers,
+            *_context_headers(call),
+            overhead_header(request, waited),
+        ]
+
+        async def on_close(disconnected: bool) -> None:
+            await response.close()
+            outcome = relay.outcome(response.status, disconnected=disconnected)
+            if outcome.client_disconnected:
+                deps.counters.client_disconnects += 1
+            await persist(outcome)
+
+        return RelayResponse(relay.frames(), response.status, headers, on_close)
+
+    try:
+        body = await response.read()
+    except UpstreamError as exc:
+        deps.counters.upstream_errors += 1
+        await persist(buffered_outcome(exc.status, exc.message.encode()))  # recorded as failed
+        raise
+    finally:
+        await response.close()
+    status = response.status
+    loop = deps.tool_loop(tenant.name) if call.state.memory_tool else None
+    if loop is not None:
+        upstream = tenant.upstream
+
+        async def post(again: JSONObject) -> tuple[int, bytes]:
+            answer = await upstream.chat_completions(
+                door.for_upstream(ChatPayload(again), tenant.config.upstream), call.headers, caller.client_key
+            )
+            try:
+                return answer.status, await answer.read()
+            finally:
+                await answer.close()
+
+        # The model's memory_search calls are answered here: the client sees one answer.
+        try:
+            status, body = await loop.finish(call, payload.data, status, body, post)
+        except UpstreamError as exc:
+            deps.counters.upstream_errors += 1
+            await persist(buffered_outcome(exc.status, exc.message.encode()))  # recorded as failed
+            raise
+    upstream_seconds = time.perf_counter() - sent
+    outcome = buffered_outcome(status, body)
+    status, body = door.answer(status, body)
+    headers = [
+        *to_client(response.headers, decoded=True),
+        *parsed.headers,
+        *_context_headers(call),
+        overhead_header(request, upstream_seconds),
+    ]
+    done = None
+    if call.state.explicit:
+        await persist(outcome)  # a thin-mode client's next request must find this answer stored
+    else:
+        done = BackgroundTask(persist, outcome)  # after the last byte: the client never waits for it
+    reply = Response(body, status_code=status, background=done)
+    reply.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
+    return reply
+
+
+async def count_message_tokens(request: Request, max_body_bytes: int) -> Response:
+    """`/v1/messages/count_tokens`, estimated with the gateway's tokenizer (said so in a header)."""
+    door = MessagesDoor()
+    deps: Deps = request.state.deps
+    try:
+        raw = await read_body(request, max_body_bytes)
+        parsed = door.parse_for_count(raw)
+    except GatewayError as exc:
+        return error_response(door, exc, request.scope.get("request_id"))
+    tokenizer = deps.tokenizers.for_model(door.model)
+    messages = parsed.body.get("messages")
+    count = tokenizer.count_messages(messages if isinstance(messages, list) else [])
+    tools = parsed.body.get("tools")
+    if tools:
+        count += tokenizer.count(orjson.dumps(tools).decode())
+    body = orjson.dumps({"input_tokens": count})
+    headers = {"x-gateway-token-count": f"estimated ({tokenizer.name})"}
+    return Response(body, media_type="application/json", headers=headers)
