@@ -73,6 +73,7 @@ GOALS = {  # design.md §11
     "ttft_added_p99_ms": 2.0,
     "rps_32": 2000.0,
     "streams_zero_loss": 1000,
+    "door_ratio": 1.2,  # issue 13: a front door's added latency / the chat path's, same gateway, same run
 }
 
 
@@ -370,15 +371,26 @@ async def settle(meter: CpuMeter, label: str, max_wait: float, threshold: float 
 
 @dataclass(frozen=True)
 class Target:
-    name: str  # "direct" or a gateway's http_client
+    name: str  # "direct", a gateway's http_client, or a front door of the aiohttp gateway
     port: int
     key: str
+    door: str = "chat"  # "messages": the same request as an Anthropic Messages call to /v1/messages
 
     def request(self, body: dict[str, Any]) -> bytes:
+        if self.door == "messages":
+            anthropic = {"model": body["model"], "max_tokens": 256, "messages": body["messages"]}
+            if body.get("stream"):
+                anthropic["stream"] = True
+            headers = {"x-api-key": self.key, "anthropic-version": "2023-06-01"}
+            return build_request(HOST, self.port, "/v1/messages", orjson.dumps(anthropic), headers)
         payload = orjson.dumps(body)
         return build_request(
             HOST, self.port, "/v1/chat/completions", payload, {"Authorization": f"Bearer {self.key}"}
         )
+
+
+# The other front doors, measured on the default (aiohttp) gateway beside its chat-completions row.
+DOORS = {"aiohttp /v1/messages": "messages"}
 
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "Say hello to the benchmark."}]}
@@ -854,6 +866,19 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
             k: {"measured": v, "goal": GOALS[k], "verdict": "met" if ok else "MISSED"}
             for k, (v, ok) in rows.items()
         }
+    # A converting front door may add at most 20 % to what the chat-completions path adds (issue 13).
+    for door in results.get("door_targets", []):
+        rows = {}
+        for phase, key in (("latency_1conn", "added_p50_ms"), ("ttft_1conn", "ttft_added_p50_ms")):
+            chat = results[phase]["aiohttp"]["added"]["p50_ms"]
+            mine = results[phase][door]["added"]["p50_ms"]
+            ratio = round(mine / chat, 3) if chat > 0 else float("inf")
+            rows[f"{key}_vs_chat"] = {
+                "measured": ratio,
+                "goal": GOALS["door_ratio"],
+                "verdict": "met" if ratio <= GOALS["door_ratio"] else "MISSED",
+            }
+        out[door] = rows
     return out
 
 
@@ -871,10 +896,11 @@ def table(results: dict[str, Any]) -> str:
     add("")
     seq, ttft = results["latency_1conn"], results["ttft_1conn"]
     names = results["targets"]
+    doors = results.get("door_targets", [])
     add(
         "1 connection, non-stream, ms      p50      p99  added p50  added p99  gw CPU us/req  self-reported p50/p99"
     )
-    for name in names:
+    for name in names + doors:
         row, added = seq[name], seq[name].get("added", {})
         own = row.get("self_reported_overhead")
         add(
@@ -886,7 +912,7 @@ def table(results: dict[str, Any]) -> str:
     add(f"  CPU cores used during the phase: {seq['cpu_cores']}")
     add("")
     add("1 connection, stream TTFT, ms     p50      p99  added p50  added p99")
-    for name in names:
+    for name in names + doors:
         row, added = ttft[name], ttft[name].get("added", {})
         add(
             f"  {name:<28}{row['ttft']['p50_ms']:7.3f}  {row['ttft']['p99_ms']:7.3f}"
@@ -976,12 +1002,14 @@ async def run(
     targets = [Target("direct", fake_port, UPSTREAM_KEY)] + [
         Target(name, child.port, GATEWAY_KEY) for name, child in gateways.items()
     ]
+    doors = [Target(name, gateways["aiohttp"].port, GATEWAY_KEY, door) for name, door in DOORS.items()]
     meter = CpuMeter({"fake-upstream": fake.proc.pid} | {name: c.proc.pid for name, c in gateways.items()})
     results: dict[str, Any] = {
         "settings": asdict(settings),
         "machine": machine(),
         "gateway_under_test": under_test,
         "targets": [t.name for t in targets],
+        "door_targets": [t.name for t in doors],
     }
     phases = {}
 
@@ -991,7 +1019,7 @@ async def run(
         f"[1/4] latency at 1 connection: {settings.seq_requests} requests per target, interleaved", flush=True
     )
     results["latency_1conn"] = await interleaved(
-        targets,
+        targets + doors,
         meter,
         CHAT,
         settings.seq_requests,
@@ -1008,7 +1036,7 @@ async def run(
         flush=True,
     )
     results["ttft_1conn"] = await interleaved(
-        targets,
+        targets + doors,
         meter,
         CHAT_STREAM,
         settings.ttft_requests,
