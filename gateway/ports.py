@@ -86,6 +86,20 @@ class Upstream(Protocol):
     async def aclose(self) -> None: ...
 
 
+class MessagesUpstream(Protocol):
+    """A provider that speaks Anthropic's Messages API natively (`/v1/messages` is forwarded as is)."""
+
+    async def messages(self, body: bytes, headers: Headers, client_key: str | None) -> UpstreamResponse:
+        """POST /v1/messages; the answer is Anthropic's JSON or its named SSE events."""
+        ...
+
+    async def count_tokens(self, body: bytes, headers: Headers, client_key: str | None) -> UpstreamResponse:
+        """POST /v1/messages/count_tokens."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 class Tokenizer(Protocol):
     @property
     def name(self) -> str: ...

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from gateway.config import TenantConfig
 from gateway.errors import AuthenticationFailed
 from gateway.pipeline.steps import ChatPipeline
-from gateway.ports import Upstream
+from gateway.ports import MessagesUpstream, Upstream
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +18,7 @@ class Tenant:
     config: TenantConfig
     upstream: Upstream
     pipeline: ChatPipeline
+    messages: MessagesUpstream | None = None  # the provider's native Messages API (Anthropic), if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +69,5 @@ class TenantRegistry:
     async def aclose(self) -> None:
         for tenant in self.tenants:
             await tenant.upstream.aclose()
+            if tenant.messages is not None:
+                await tenant.messages.aclose()

@@ -38,6 +38,7 @@ from gateway.ports import (
     JobQueue,
     JSONObject,
     MessageStore,
+    MessagesUpstream,
     ModelCatalog,
     SummaryStore,
     Tokenizers,
@@ -183,6 +184,15 @@ def build_upstream(tenant: TenantConfig) -> Upstream:
     from gateway.adapters.litellm_upstream import LiteLLMUpstream
 
     return LiteLLMUpstream(tenant.name, tenant.upstream)
+
+
+def build_messages_upstream(tenant: TenantConfig) -> MessagesUpstream | None:
+    """Anthropic tenants answer `/v1/messages` natively; every other provider is reached by conversion."""
+    if tenant.upstream.provider != "anthropic":
+        return None
+    from gateway.adapters.anthropic_messages import AnthropicMessages
+
+    return AnthropicMessages(tenant.name, tenant.upstream)
 
 
 def compacts(tenant: TenantConfig) -> bool:
@@ -411,6 +421,7 @@ def build_deps(
                 sql.jobs,
                 (memories, memory[t.name]) if t.name in memory else None,
             ),
+            build_messages_upstream(t),
         )
         for t in config.tenants
     )

@@ -122,6 +122,10 @@ class AiohttpUpstream:
             method, url, with_auth(self._config, headers, client_key), body, decompress=False
         )
 
+    async def send(self, method: str, path: str, headers: Headers, body: bytes) -> UpstreamResponse:
+        """A request whose body the gateway reads (decoded), with the caller's headers only."""
+        return await self._send(method, forward_url(self._config, path, ""), headers, body, decompress=True)
+
     async def _send(
         self,
         method: str,

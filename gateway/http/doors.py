@@ -1,26 +1,37 @@
 """The front doors at the HTTP edge: what differs between `/v1/chat/completions` and `/v1/messages`.
 
-A door reads its API's request into the pipeline's chat form, adjusts the chat request for the upstream,
-and writes the chat answer (JSON, stream, or error) back in its API's wire format. Everything between
-(identify, ingest, build, forward, persist, jobs) is shared: `http/exchange.py`.
+A door reads its API's request into the pipeline's chat form, sends the (possibly rebuilt) request to
+the upstream in whichever protocol that upstream speaks, relays or converts the answer back into its
+API's wire format, and reads the answer into the chat outcome the store keeps. Everything between
+(identify, ingest, build, persist, jobs) is shared: `http/exchange.py`. One door object per request.
+
+  ChatDoor            chat completions in, chat completions upstream: nothing converted
+  MessagesDoor        Anthropic in, chat completions upstream (OpenAI-compatible, or litellm): converted
+                      both ways, streams included
+  NativeMessagesDoor  Anthropic in, Anthropic upstream: forwarded natively, read back for the store
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import orjson
 
-from gateway.config import UpstreamConfig
 from gateway.errors import GatewayError
 from gateway.http.errors import error_body
 from gateway.inbound import messages_out
 from gateway.inbound.messages_in import for_openai, to_chat
+from gateway.inbound.messages_native import NativeRelay, outcome_of, to_messages
 from gateway.inbound.messages_out import MessagesStream, message_from_chat
-from gateway.pipeline.forward import StreamTranslator
+from gateway.pipeline.call import ChatCall, ChatOutcome
+from gateway.pipeline.forward import StreamRelay, StreamTranslator, buffered_outcome, with_stream_usage
 from gateway.pipeline.validate import parse_chat_request, parse_json_object
-from gateway.ports import ChatPayload, Headers, JSONObject
+from gateway.ports import ChatPayload, Headers, JSONObject, MessagesUpstream, UpstreamResponse
+from gateway.tenants import Tenant
+
+Persist = Callable[[ChatOutcome], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,14 +41,42 @@ class Parsed:
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # extra response headers
 
 
-class Door(Protocol):
-    def parse(self, raw: bytes) -> Parsed: ...
+class Relay(Protocol):
+    def frames(self) -> AsyncIterator[bytes]: ...
 
-    def for_upstream(self, payload: ChatPayload, upstream: UpstreamConfig) -> ChatPayload: ...
+    def outcome(self, http_status: int, *, disconnected: bool) -> ChatOutcome: ...
+
+
+class Door(Protocol):
+    # Whether the model's memory_search calls can be answered on this door (a chat-completions upstream).
+    answers_tools: bool
+
+    def parse(self, raw: bytes) -> Parsed: ...
 
     def upstream_headers(self, headers: Headers) -> Headers: ...
 
-    def translator(self) -> StreamTranslator | None: ...
+    async def send(
+        self, tenant: Tenant, call: ChatCall, payload: ChatPayload, key: str | None
+    ) -> UpstreamResponse:
+        """The request to the upstream, in the protocol it speaks."""
+        ...
+
+    async def send_again(
+        self, tenant: Tenant, call: ChatCall, body: JSONObject, key: str | None
+    ) -> UpstreamResponse:
+        """A follow-up chat request of the memory tool loop."""
+        ...
+
+    @property
+    def sent(self) -> JSONObject:
+        """The chat body `send` sent (what the tool loop continues from)."""
+        ...
+
+    def relay(self, response: UpstreamResponse, before_done: Persist | None) -> Relay: ...
+
+    def outcome(self, status: int, body: bytes) -> ChatOutcome:
+        """A buffered answer (or error body) read into the chat outcome the store keeps."""
+        ...
 
     def answer(self, status: int, body: bytes) -> tuple[int, bytes]:
         """A buffered upstream answer (or error body) in this API's shape, and the status to send."""
@@ -48,20 +87,59 @@ class Door(Protocol):
         ...
 
 
-class ChatDoor:
+class _ChatUpstream:
+    """Doors whose upstream takes chat completions (the tenant's `Upstream`)."""
+
+    answers_tools = True
+
+    def __init__(self) -> None:
+        self._strip_usage = False
+        self._sent: JSONObject = {}
+
+    def for_upstream(self, payload: ChatPayload, tenant: Tenant) -> ChatPayload:
+        return payload
+
+    def translator(self) -> StreamTranslator | None:
+        return None
+
+    async def send(
+        self, tenant: Tenant, call: ChatCall, payload: ChatPayload, key: str | None
+    ) -> UpstreamResponse:
+        if tenant.config.upstream.request_stream_usage:
+            payload, strip = with_stream_usage(call, payload)
+            self._strip_usage = strip and self.translator() is None  # a translator reads the usage itself
+        payload = self.for_upstream(payload, tenant)
+        self._sent = payload.data
+        return await tenant.upstream.chat_completions(payload, call.headers, key)
+
+    async def send_again(
+        self, tenant: Tenant, call: ChatCall, body: JSONObject, key: str | None
+    ) -> UpstreamResponse:
+        return await tenant.upstream.chat_completions(
+            self.for_upstream(ChatPayload(body), tenant), call.headers, key
+        )
+
+    @property
+    def sent(self) -> JSONObject:
+        return self._sent
+
+    def relay(self, response: UpstreamResponse, before_done: Persist | None) -> Relay:
+        return StreamRelay(
+            response, strip_usage=self._strip_usage, before_done=before_done, translator=self.translator()
+        )
+
+    def outcome(self, status: int, body: bytes) -> ChatOutcome:
+        return buffered_outcome(status, body)
+
+
+class ChatDoor(_ChatUpstream):
     """`/v1/chat/completions`: the pipeline's own form; nothing is converted."""
 
     def parse(self, raw: bytes) -> Parsed:
         return Parsed(parse_chat_request(raw), raw)
 
-    def for_upstream(self, payload: ChatPayload, upstream: UpstreamConfig) -> ChatPayload:
-        return payload
-
     def upstream_headers(self, headers: Headers) -> Headers:
         return headers
-
-    def translator(self) -> StreamTranslator | None:
-        return None
 
     def answer(self, status: int, body: bytes) -> tuple[int, bytes]:
         return status, body
@@ -70,14 +148,13 @@ class ChatDoor:
         return error_body(exc.message, exc.error_type, exc.param, exc.code)
 
 
-_ANTHROPIC_HEADERS = ("anthropic-",)
-
-
-class MessagesDoor:
-    """`/v1/messages` (Anthropic Messages API) in front of a chat-completions upstream (one per request)."""
+class _AnthropicDoor:
+    """What both `/v1/messages` doors share: Anthropic's request checks, headers and error shape."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.model = ""
+        self.original: JSONObject = {}
 
     def parse(self, raw: bytes) -> Parsed:
         return self._parse(raw, count_only=False)
@@ -87,22 +164,32 @@ class MessagesDoor:
         return self._parse(raw, count_only=True)
 
     def _parse(self, raw: bytes, *, count_only: bool) -> Parsed:
-        converted = to_chat(parse_json_object(raw), count_only=count_only)
+        self.original = parse_json_object(raw)
+        converted = to_chat(self.original, count_only=count_only)
         self.model = str(converted.body["model"])
         headers = []
-        if converted.dropped:
+        if converted.dropped and not self.native:
             headers.append((b"x-gateway-dropped-params", ",".join(converted.dropped).encode()))
         return Parsed(converted.body, orjson.dumps(converted.body), headers)
 
-    def for_upstream(self, payload: ChatPayload, upstream: UpstreamConfig) -> ChatPayload:
+    native = False
+
+    def error(self, exc: GatewayError) -> bytes:
+        return messages_out.error_body(exc.status, exc.message)
+
+
+class MessagesDoor(_AnthropicDoor, _ChatUpstream):
+    """`/v1/messages` in front of a chat-completions upstream."""
+
+    def for_upstream(self, payload: ChatPayload, tenant: Tenant) -> ChatPayload:
         # litellm reads thinking_blocks and cache_control (it speaks them to Anthropic); a plain
         # OpenAI-compatible server may refuse them.
-        if upstream.is_openai_compatible:
+        if tenant.config.upstream.is_openai_compatible:
             return ChatPayload(for_openai(payload.data))
         return payload
 
     def upstream_headers(self, headers: Headers) -> Headers:
-        return [(k, v) for k, v in headers if not k.lower().startswith(_ANTHROPIC_HEADERS)]
+        return [(k, v) for k, v in headers if not k.lower().startswith("anthropic-")]
 
     def translator(self) -> StreamTranslator | None:
         return MessagesStream(self.model)
@@ -118,5 +205,48 @@ class MessagesDoor:
             return 502, messages_out.error_body(502, "The upstream answered with a body that is not JSON.")
         return status, orjson.dumps(message_from_chat(completion, self.model))
 
-    def error(self, exc: GatewayError) -> bytes:
-        return messages_out.error_body(exc.status, exc.message)
+
+class NativeMessagesDoor(_AnthropicDoor):
+    """`/v1/messages` to an Anthropic upstream: the client's bytes when the pipeline changed nothing."""
+
+    answers_tools = False  # the memory tool loop speaks chat completions
+    native = True
+
+    def __init__(self, upstream: MessagesUpstream) -> None:
+        super().__init__()
+        self._upstream = upstream
+        self._raw = b""
+
+    def _parse(self, raw: bytes, *, count_only: bool) -> Parsed:
+        self._raw = raw
+        return super()._parse(raw, count_only=count_only)
+
+    def upstream_headers(self, headers: Headers) -> Headers:
+        return headers  # anthropic-version and anthropic-beta are the provider's own
+
+    async def send(
+        self, tenant: Tenant, call: ChatCall, payload: ChatPayload, key: str | None
+    ) -> UpstreamResponse:
+        if payload.raw is not None:
+            body = self._raw  # nothing rewritten: the client's own bytes
+        else:
+            body = orjson.dumps(to_messages(payload.data, self.original))
+        return await self._upstream.messages(body, call.headers, key)
+
+    async def send_again(
+        self, tenant: Tenant, call: ChatCall, body: JSONObject, key: str | None
+    ) -> UpstreamResponse:
+        raise NotImplementedError("the native Messages door does not run the memory tool loop")
+
+    @property
+    def sent(self) -> JSONObject:
+        return {}
+
+    def relay(self, response: UpstreamResponse, before_done: Persist | None) -> Relay:
+        return NativeRelay(response, before_done)
+
+    def outcome(self, status: int, body: bytes) -> ChatOutcome:
+        return outcome_of(status, body)
+
+    def answer(self, status: int, body: bytes) -> tuple[int, bytes]:
+        return status, body  # Anthropic's own answer and error bodies

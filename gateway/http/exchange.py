@@ -21,8 +21,8 @@ from gateway.http.headers import to_client, to_upstream
 from gateway.http.streaming import RelayResponse
 from gateway.memory.scope import incognito
 from gateway.pipeline.call import ChatCall, ChatOutcome
-from gateway.pipeline.forward import StreamRelay, buffered_outcome, with_stream_usage
-from gateway.ports import ChatPayload, JSONObject
+from gateway.pipeline.forward import buffered_outcome
+from gateway.ports import JSONObject
 from gateway.tenants import Caller
 from gateway.wiring import Deps
 
@@ -95,16 +95,10 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
     tenant = caller.tenant
     pipeline = tenant.pipeline
     payload = await pipeline.prepare(call)
-    translator = door.translator() if call.stream else None
-    strip_usage = False
-    if tenant.config.upstream.request_stream_usage:
-        payload, strip_usage = with_stream_usage(call, payload)
-        strip_usage = strip_usage and translator is None  # a translator reads the usage chunk itself
-    payload = door.for_upstream(payload, tenant.config.upstream)
 
     sent = time.perf_counter()
     try:
-        response = await tenant.upstream.chat_completions(payload, call.headers, caller.client_key)
+        response = await door.send(tenant, call, payload, caller.client_key)
     except UpstreamError as exc:
         deps.counters.upstream_errors += 1
         await pipeline.complete(call, buffered_outcome(exc.status, exc.message.encode()))
@@ -121,8 +115,7 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
             await pipeline.complete(call, outcome)
 
     if call.stream and response.status == 200 and content_type.startswith("text/event-stream"):
-        before_done = persist if call.state.explicit else None
-        relay = StreamRelay(response, strip_usage=strip_usage, before_done=before_done, translator=translator)
+        relay = door.relay(response, persist if call.state.explicit else None)
         headers = [
             *to_client(response.headers, decoded=True),
             *parsed.headers,
@@ -148,14 +141,11 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
     finally:
         await response.close()
     status = response.status
-    loop = deps.tool_loop(tenant.name) if call.state.memory_tool else None
+    loop = deps.tool_loop(tenant.name) if call.state.memory_tool and door.answers_tools else None
     if loop is not None:
-        upstream = tenant.upstream
 
         async def post(again: JSONObject) -> tuple[int, bytes]:
-            answer = await upstream.chat_completions(
-                door.for_upstream(ChatPayload(again), tenant.config.upstream), call.headers, caller.client_key
-            )
+            answer = await door.send_again(tenant, call, again, caller.client_key)
             try:
                 return answer.status, await answer.read()
             finally:
@@ -163,13 +153,13 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
 
         # The model's memory_search calls are answered here: the client sees one answer.
         try:
-            status, body = await loop.finish(call, payload.data, status, body, post)
+            status, body = await loop.finish(call, door.sent, status, body, post)
         except UpstreamError as exc:
             deps.counters.upstream_errors += 1
             await persist(buffered_outcome(exc.status, exc.message.encode()))  # recorded as failed
             raise
     upstream_seconds = time.perf_counter() - sent
-    outcome = buffered_outcome(status, body)
+    outcome = door.outcome(status, body)
     status, body = door.answer(status, body)
     headers = [
         *to_client(response.headers, decoded=True),
@@ -187,13 +177,23 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
     return reply
 
 
-async def count_message_tokens(request: Request, max_body_bytes: int) -> Response:
-    """`/v1/messages/count_tokens`, estimated with the gateway's tokenizer (said so in a header)."""
+async def count_message_tokens(request: Request, max_body_bytes: int) -> Response | RelayResponse:
+    """`/v1/messages/count_tokens`: forwarded to an Anthropic upstream; otherwise estimated with the
+    gateway's tokenizer, and said so in a header."""
     door = MessagesDoor()
     deps: Deps = request.state.deps
+    caller: Caller = request.scope["caller"]
     try:
         raw = await read_body(request, max_body_bytes)
         parsed = door.parse_for_count(raw)
+        if caller.tenant.messages is not None:
+            headers = to_upstream(request.scope["headers"], chat=True)
+            response = await caller.tenant.messages.count_tokens(raw, headers, caller.client_key)
+            try:
+                body = await response.read()
+            finally:
+                await response.close()
+            return Response(body, status_code=response.status, media_type="application/json")
     except GatewayError as exc:
         return error_response(door, exc, request.scope.get("request_id"))
     tokenizer = deps.tokenizers.for_model(door.model)
@@ -202,6 +202,5 @@ async def count_message_tokens(request: Request, max_body_bytes: int) -> Respons
     tools = parsed.body.get("tools")
     if tools:
         count += tokenizer.count(orjson.dumps(tools).decode())
-    body = orjson.dumps({"input_tokens": count})
-    headers = {"x-gateway-token-count": f"estimated ({tokenizer.name})"}
-    return Response(body, media_type="application/json", headers=headers)
+    estimate = {"x-gateway-token-count": f"estimated ({tokenizer.name})"}
+    return Response(orjson.dumps({"input_tokens": count}), media_type="application/json", headers=estimate)

@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import UpstreamError
 from gateway.http.api import api_routes
-from gateway.http.doors import ChatDoor, MessagesDoor
+from gateway.http.doors import ChatDoor, MessagesDoor, NativeMessagesDoor
 from gateway.http.exchange import count_message_tokens, exchange, overhead_header, read_body
 from gateway.http.headers import to_client, to_upstream
 from gateway.http.memory_api import memory_routes
@@ -38,9 +38,12 @@ class Endpoints:
         return await exchange(request, ChatDoor(), self.max_body_bytes)
 
     async def messages(self, request: Request) -> Response | RelayResponse:
-        return await exchange(request, MessagesDoor(), self.max_body_bytes)
+        caller: Caller = request.scope["caller"]
+        native = caller.tenant.messages
+        door = NativeMessagesDoor(native) if native is not None else MessagesDoor()
+        return await exchange(request, door, self.max_body_bytes)
 
-    async def count_tokens(self, request: Request) -> Response:
+    async def count_tokens(self, request: Request) -> Response | RelayResponse:
         return await count_message_tokens(request, self.max_body_bytes)
 
     async def passthrough(self, request: Request) -> RelayResponse:
@@ -108,7 +111,7 @@ def routes(max_body_bytes: int) -> list[Route]:
         *api_routes(),
         Route("/v1/chat/completions", _Asgi(endpoints.chat_completions), methods=["POST"]),
         Route("/v1/messages", _Asgi(endpoints.messages), methods=["POST"]),
-        Route("/v1/messages/count_tokens", endpoints.count_tokens, methods=["POST"]),
+        Route("/v1/messages/count_tokens", _Asgi(endpoints.count_tokens), methods=["POST"]),
         Route("/v1/{path:path}", _Asgi(endpoints.passthrough), methods=_ALL_METHODS),
         Route("/healthz", endpoints.healthz, methods=["GET"]),
     ]

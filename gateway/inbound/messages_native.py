@@ -1,0 +1,348 @@
+"""`/v1/messages` to an Anthropic upstream: forwarded natively, read back into the pipeline's chat form.
+
+Going out, a request the pipeline left unchanged is sent as the client's own bytes; a rebuilt one is
+written back in Anthropic's form by `to_messages`: the client's fields as they came (tools, thinking,
+cache_control on the blocks the gateway did not touch), the chat system messages in `system` (the
+client's own first, the injected context after), tool results back in user turns, thinking blocks
+restored with their signatures. Coming back, the answer reaches the client as Anthropic sent it, while
+`NativeRelay` (streams) and `outcome_of` (JSON) read it into the chat outcome the store keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import orjson
+
+from gateway.errors import UpstreamError
+from gateway.inbound.messages_out import error_event, tool_input
+from gateway.pipeline.call import ChatOutcome, OutcomeStatus
+from gateway.pipeline.stream import FrameSplitter, frame_data, parse_chunk
+from gateway.ports import JSON, JSONObject, UpstreamResponse
+
+_FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+    "pause_turn": "stop",
+}
+
+
+# ------------------------------------------------------------------------------------ chat -> Anthropic
+
+
+def _block(part: JSON) -> JSON:
+    """A chat content part as an Anthropic block (the inverse of messages_in's mapping)."""
+    if not isinstance(part, dict):
+        return {"type": "text", "text": str(part)}
+    kind = part.get("type")
+    extra: JSONObject = (
+        {"cache_control": part["cache_control"]} if isinstance(part.get("cache_control"), dict) else {}
+    )
+    if kind == "image_url":
+        image = part.get("image_url")
+        url = str(image.get("url", "")) if isinstance(image, dict) else ""
+        if url.startswith("data:") and ";base64," in url:
+            media, data = url[5:].split(";base64,", 1)
+            return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}, **extra}
+        return {"type": "image", "source": {"type": "url", "url": url}, **extra}
+    if kind == "file":
+        file = part.get("file")
+        data = str(file.get("file_data", "")) if isinstance(file, dict) else ""
+        media, _, encoded = data.removeprefix("data:").partition(";base64,")
+        document: JSONObject = {
+            "type": "document",
+            "source": {"type": "base64", "media_type": media, "data": encoded},
+        }
+        if isinstance(file, dict) and isinstance(file.get("filename"), str):
+            document["title"] = file["filename"]
+        return {**document, **extra}
+    return {"type": "text", "text": str(part.get("text", "")), **extra}
+
+
+def _blocks(content: JSON) -> list[JSON]:
+    if content is None or content == "":
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return [_block(part) for part in content]
+    return [{"type": "text", "text": str(content)}]
+
+
+def _assistant(message: JSONObject) -> list[JSON]:
+    blocks: list[JSON] = []
+    thinking = message.get("thinking_blocks")
+    if isinstance(thinking, list):
+        blocks.extend(b for b in thinking if isinstance(b, dict))
+    blocks.extend(_blocks(message.get("content")))
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        if isinstance(call, dict):
+            function = call.get("function")
+            function = function if isinstance(function, dict) else {}
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": call.get("id"),
+                    "name": function.get("name"),
+                    "input": tool_input(function.get("arguments")),
+                }
+            )
+    return blocks
+
+
+def _tool_result(message: JSONObject) -> JSON:
+    result: JSONObject = {"type": "tool_result", "tool_use_id": message.get("tool_call_id")}
+    content = message.get("content")
+    result["content"] = content if isinstance(content, str) else _blocks(content)
+    if message.get("is_error") is True:
+        result["is_error"] = True
+    return result
+
+
+def to_messages(chat: JSONObject, original: JSONObject) -> JSONObject:
+    """The Anthropic request for a rebuilt chat body; fields the pipeline does not rewrite come from the
+    client's `original` request unchanged."""
+    system: list[JSON] = []
+    turns: list[JSONObject] = []
+    messages = chat.get("messages")
+    for message in messages if isinstance(messages, list) else []:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role in ("system", "developer"):
+            system.extend(_blocks(message.get("content")))
+            continue
+        if role == "tool":
+            anthropic_role, blocks = "user", [_tool_result(message)]
+        elif role == "assistant":
+            anthropic_role, blocks = "assistant", _assistant(message)
+        else:
+            anthropic_role, blocks = "user", _blocks(message.get("content"))
+        if turns and turns[-1]["role"] == anthropic_role:  # tool results and the user's words: one turn
+            previous = turns[-1]["content"]
+            assert isinstance(previous, list)
+            previous.extend(blocks)
+        else:
+            turns.append({"role": anthropic_role, "content": blocks})
+    for turn in turns:  # a single plain text block reads as a string, as clients send it
+        content = turn["content"]
+        if isinstance(content, list) and len(content) == 1:
+            only = content[0]
+            if isinstance(only, dict) and only.keys() == {"type", "text"}:
+                turn["content"] = only["text"]
+    body: JSONObject = {k: v for k, v in original.items() if k not in ("system", "messages")}
+    body["messages"] = list(turns)
+    if system:
+        body["system"] = system
+    return body
+
+
+# ------------------------------------------------------------------------------------ Anthropic -> chat
+
+
+def _usage(usage: JSON) -> JSONObject | None:
+    """Anthropic's usage as chat usage: prompt tokens include cache reads and writes, as OpenAI counts."""
+    if not isinstance(usage, dict):
+        return None
+
+    def count(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) else 0
+
+    cached = count("cache_read_input_tokens")
+    prompt = count("input_tokens") + cached + count("cache_creation_input_tokens")
+    completion = count("output_tokens")
+    out: JSONObject = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if cached:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
+
+
+def choice_of(message: JSONObject) -> JSONObject:
+    """An Anthropic message as a chat choice (thinking kept in `thinking_blocks`, as messages_in does)."""
+    texts: list[str] = []
+    calls: list[JSON] = []
+    thinking: list[JSON] = []
+    content = message.get("content")
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "tool_use":
+            arguments = block.get("input", {})
+            calls.append(
+                {
+                    "id": block.get("id"),
+                    "type": "function",
+                    "function": {"name": block.get("name"), "arguments": orjson.dumps(arguments).decode()},
+                }
+            )
+        elif kind in ("thinking", "redacted_thinking"):
+            thinking.append(block)
+    chat: JSONObject = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        chat["tool_calls"] = calls
+    if thinking:
+        chat["thinking_blocks"] = thinking
+    stop = message.get("stop_reason")
+    finish = _FINISH.get(stop, "stop") if isinstance(stop, str) else None
+    return {"index": 0, "message": chat, "finish_reason": finish}
+
+
+def outcome_of(http_status: int, body: bytes) -> ChatOutcome:
+    """The outcome of a buffered Anthropic answer (or error body)."""
+    message = parse_chunk(body)
+    if http_status >= 400 or message is None or message.get("type") == "error":
+        error = body.decode("utf-8", "replace")[:2000]
+        return ChatOutcome(status="failed", http_status=http_status, error=error)
+    model = message.get("model")
+    return ChatOutcome(
+        status="complete",
+        http_status=http_status,
+        choices=[choice_of(message)],
+        usage=_usage(message.get("usage")),
+        model=model if isinstance(model, str) else None,
+    )
+
+
+class MessageAccumulator:
+    """Rebuilds the Anthropic message from its stream events, as the official SDK does."""
+
+    def __init__(self) -> None:
+        self.message: JSONObject = {"content": []}
+        self._json: dict[int, list[str]] = {}
+        self.started = False
+        self.stopped = False
+        self.error: str | None = None
+
+    def add(self, event: JSONObject) -> None:
+        kind = event.get("type")
+        content = self.message["content"]
+        assert isinstance(content, list)
+        started, block, delta = event.get("message"), event.get("content_block"), event.get("delta")
+        if kind == "message_start" and isinstance(started, dict):
+            self.started = True
+            self.message = {**started, "content": []}
+        elif kind == "content_block_start" and isinstance(block, dict):
+            content.append(dict(block))
+        elif kind == "content_block_delta" and isinstance(delta, dict):
+            self._delta(event, delta, content)
+        elif kind == "content_block_stop":
+            index = event.get("index")
+            if isinstance(index, int) and index in self._json and index < len(content):
+                block = content[index]
+                if isinstance(block, dict):
+                    block["input"] = tool_input("".join(self._json.pop(index)))
+        elif kind == "message_delta":
+            delta = event.get("delta")
+            if isinstance(delta, dict):
+                self.message.update({k: v for k, v in delta.items() if v is not None})
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                before = self.message.get("usage")
+                merged: JSONObject = {**before} if isinstance(before, dict) else {}
+                merged.update({k: v for k, v in usage.items() if v is not None})
+                self.message["usage"] = merged
+        elif kind == "message_stop":
+            self.stopped = True
+        elif kind == "error":
+            self.error = orjson.dumps(event.get("error")).decode()
+
+    def _delta(self, event: JSONObject, delta: JSONObject, content: list[JSON]) -> None:
+        index = event.get("index")
+        if not isinstance(index, int) or not 0 <= index < len(content):
+            return
+        block = content[index]
+        if not isinstance(block, dict):
+            return
+        kind = delta.get("type")
+        if kind == "text_delta":
+            block["text"] = str(block.get("text", "")) + str(delta.get("text", ""))
+        elif kind == "input_json_delta":
+            self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
+        elif kind == "thinking_delta":
+            block["thinking"] = str(block.get("thinking", "")) + str(delta.get("thinking", ""))
+        elif kind == "signature_delta":
+            block["signature"] = str(block.get("signature", "")) + str(delta.get("signature", ""))
+        elif kind == "citations_delta" and isinstance(delta.get("citation"), dict):
+            citations = block.setdefault("citations", [])
+            if isinstance(citations, list):
+                citations.append(delta["citation"])
+
+
+class NativeRelay:
+    """An Anthropic SSE stream relayed frame by frame as it arrives, read into the chat outcome.
+
+    `before_done` runs before `message_stop` is released (thin mode: the next request finds the answer
+    stored). An upstream failure mid-stream, or a stream cut before `message_stop`, ends with Anthropic's
+    in-band `error` event, which the SDK raises.
+    """
+
+    def __init__(
+        self,
+        response: UpstreamResponse,
+        before_done: Callable[[ChatOutcome], Awaitable[None]] | None = None,
+    ) -> None:
+        self._response = response
+        self._before_done = before_done
+        self.accumulator = MessageAccumulator()
+        self._error: str | None = None
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        splitter = FrameSplitter()
+        accumulator = self.accumulator
+        try:
+            async for chunk in self._response.body:
+                for frame in splitter.feed(chunk):
+                    data = frame_data(frame)
+                    event = parse_chunk(data) if data is not None else None
+                    if event is not None:
+                        accumulator.add(event)
+                        if accumulator.stopped and self._before_done is not None:
+                            hook, self._before_done = self._before_done, None
+                            await hook(self.outcome(200, disconnected=False))
+                    yield frame
+        except UpstreamError as exc:
+            self._error = exc.message
+            yield error_event(exc.status, exc.message)
+            return
+        rest = splitter.rest()
+        if rest.strip():
+            yield rest
+        if not accumulator.stopped and accumulator.error is None:
+            self._error = "upstream stream ended before the answer was complete"
+            yield error_event(502, self._error)
+
+    def outcome(self, http_status: int, *, disconnected: bool) -> ChatOutcome:
+        accumulator = self.accumulator
+        disconnected = disconnected and not accumulator.stopped
+        error = self._error or accumulator.error
+        complete = accumulator.stopped and error is None and not disconnected
+        choice = choice_of(accumulator.message)
+        message = choice["message"]
+        has_any = isinstance(message, dict) and bool(
+            message.get("content") or message.get("tool_calls") or message.get("thinking_blocks")
+        )
+        status: OutcomeStatus = "complete" if complete else ("partial" if has_any else "failed")
+        if not complete:
+            choice["finish_reason"] = None
+        model = accumulator.message.get("model")
+        return ChatOutcome(
+            status=status,
+            http_status=http_status,
+            choices=[choice] if accumulator.started else [],
+            usage=_usage(accumulator.message.get("usage")),
+            error=error or ("client disconnected" if disconnected else None),
+            model=model if isinstance(model, str) else None,
+            client_disconnected=disconnected,
+        )
