@@ -41,6 +41,7 @@ class Reply:
 
     text: str | None = "Hello from the fake Anthropic upstream."
     tool_uses: tuple[ToolUse, ...] = ()
+    thinking: str | None = None  # a signed thinking block before the text
     status: int = 200
     error_type: str = "api_error"
     error_message: str = "fake upstream error"
@@ -85,7 +86,22 @@ class FakeAnthropic:
             return self.received[-1]
 
     def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/messages", self._messages, methods=["POST"])])
+        return Starlette(
+            routes=[
+                Route("/v1/messages", self._messages, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self._count_tokens, methods=["POST"]),
+            ]
+        )
+
+    async def _count_tokens(self, request: Request) -> Response:
+        raw = await request.body()
+        parsed = orjson.loads(raw) if raw else {}
+        body: JSONObject = parsed if isinstance(parsed, dict) else {}
+        with self._lock:
+            self.received.append(Received(request.url.path, dict(request.headers), body, raw))
+        return _json(
+            {"input_tokens": len(orjson.dumps([body.get("system"), body.get("messages")])) // 4}, 200
+        )
 
     async def _messages(self, request: Request) -> Response:
         raw = await request.body()
@@ -149,6 +165,9 @@ def _text_of(content: JSON) -> str:
     return ""
 
 
+THINKING_SIGNATURE = "sig_fake_EqQBCkYIBxgCKkB"
+
+
 def _json(data: JSONObject, status: int) -> Response:
     # Anthropic puts a request id on every answer, errors included.
     return Response(
@@ -169,6 +188,8 @@ def _sse(event: str, data: JSONObject) -> bytes:
 
 def _message(message_id: str, model: str, reply: Reply, body: JSONObject) -> JSONObject:
     content: list[JSON] = []
+    if reply.thinking:
+        content.append({"type": "thinking", "thinking": reply.thinking, "signature": THINKING_SIGNATURE})
     if reply.text:
         content.append({"type": "text", "text": reply.text})
     for use in reply.tool_uses:
@@ -205,6 +226,12 @@ def _events(message: JSONObject, reply: Reply) -> list[bytes]:
     }
     events = [_sse("message_start", {"type": "message_start", "message": start})]
     index = 0
+    if reply.thinking:
+        events.append(_block_start(index, {"type": "thinking", "thinking": "", "signature": ""}))
+        events.append(_block_delta(index, {"type": "thinking_delta", "thinking": reply.thinking}))
+        events.append(_block_delta(index, {"type": "signature_delta", "signature": THINKING_SIGNATURE}))
+        events.append(_block_stop(index))
+        index += 1
     if reply.text:
         events.append(_block_start(index, {"type": "text", "text": ""}))
         events.append(_sse("ping", {"type": "ping"}))

@@ -123,4 +123,7 @@ def _answer_message(outcome: ChatOutcome) -> JSONObject | None:
     out: JSONObject = {"role": "assistant", "content": content}
     if calls:
         out["tool_calls"] = calls
+    thinking = message.get("thinking_blocks")
+    if isinstance(thinking, list) and thinking:
+        out["thinking_blocks"] = thinking  # signed: Anthropic wants them back on tool-use turns
     return out
