@@ -390,3 +390,53 @@ def test_an_identifier_150_turns_back_is_retrieved(
     assert "ERR-BLUEHERON-4471" in context
     report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
     assert report["sections"]["retrieval"]["message_ids"]
+
+
+def test_a_claude_code_style_session_stays_one_conversation(gateway: Gateway, upstream: Upstream) -> None:
+    """Streams always, system blocks, cache_control moved to the newest turn on every call, a server tool
+    among the client tools, `thinking` asked for: the chat upstream gets what it can serve, and each call
+    continues the same stored path."""
+    client = gateway.anthropic()
+    system = [
+        {"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "Work in /repo."},
+    ]
+    tools = [WEATHER_TOOL, {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}]
+
+    def turn(messages: list[dict[str, Any]]) -> tuple[str, str]:
+        last = messages[-1]
+        marked = [
+            *messages[:-1],
+            {
+                **last,
+                "content": [
+                    {"type": "text", "text": last["content"], "cache_control": {"type": "ephemeral"}}
+                ],
+            },
+        ]
+        with client.messages.stream(
+            model=MODEL,
+            max_tokens=512,
+            system=system,  # type: ignore[arg-type]
+            tools=tools,  # type: ignore[arg-type]
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            metadata={"user_id": "user_dev_session_1"},
+            messages=marked,  # type: ignore[arg-type]
+        ) as stream:
+            text = stream.get_final_message().content[0].text  # type: ignore[union-attr]
+            headers = stream.response.headers
+        assert headers["x-gateway-dropped-params"] == "thinking,tools.1(web_search_20250305)"
+        return text, headers["x-conversation-id"]
+
+    history: list[dict[str, Any]] = [{"role": "user", "content": "List the files."}]
+    answer, conversation = turn(history)
+    sent = upstream.fake.last_chat().body
+    assert [t["function"]["name"] for t in sent["tools"]] == ["get_weather"]
+    wait_for_jobs(gateway)
+    for question in ("Open the README.", "Now run the tests."):
+        history += [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
+        answer, again = turn(history)
+        assert again == conversation
+        wait_for_jobs(gateway)
+    nodes = api(gateway, f"/conversations/{conversation}/messages")["data"]
+    assert len(nodes) == 6  # three questions, three answers: no branch, nothing stored twice

@@ -239,21 +239,21 @@ def _system(system: JSON) -> JSONObject | None:
     return {"role": "system", "content": _compact(parts)}
 
 
-def _tools(tools: JSON) -> list[JSON]:
+def _tools(tools: JSON) -> tuple[list[JSON], list[str]]:
+    """The client tools as chat function tools, and the server tools left out (named for the header):
+    web search, code execution and the like run at Anthropic, which a chat upstream cannot do."""
     if not isinstance(tools, list):
         raise _fail("tools", "Input should be a list")
     out: list[JSON] = []
+    left_out: list[str] = []
     for index, tool in enumerate(tools):
         if not isinstance(tool, dict):
             raise _fail(f"tools.{index}", "Input should be an object")
         name = tool.get("name")
         kind = tool.get("type")
         if kind not in (None, "custom"):
-            raise _fail(
-                f"tools.{index}.type",
-                f"server tool {kind!r} needs an Anthropic upstream; this tenant's upstream speaks chat "
-                "completions, which has only client (function) tools",
-            )
+            left_out.append(f"tools.{index}({kind})")
+            continue
         if not isinstance(name, str) or not name:
             raise _fail(f"tools.{index}.name", "Field required")
         schema = tool.get("input_schema")
@@ -263,7 +263,7 @@ def _tools(tools: JSON) -> list[JSON]:
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         out.append({"type": "function", "function": function})
-    return out
+    return out, left_out
 
 
 def _tool_choice(choice: JSON, body: JSONObject) -> None:
@@ -357,15 +357,18 @@ def to_chat(body: JSONObject, *, count_only: bool = False) -> Converted:
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str) and metadata["user_id"]:
         out["user"] = metadata["user_id"]  # Anthropic's end-user id is the gateway's user: memory follows
+    left_out: list[str] = []
     if body.get("tools") is not None:
-        tools = _tools(body["tools"])
+        tools, left_out = _tools(body["tools"])
         if tools:
             out["tools"] = tools
     if body.get("tool_choice") is not None:
         _tool_choice(body["tool_choice"], out)
     if body.get("output_config") is not None:
         _output_config(body["output_config"], out)
-    dropped = tuple(sorted(key for key in body if key not in _MAPPED and body[key] is not None))
+    dropped = tuple(sorted(key for key in body if key not in _MAPPED and body[key] is not None)) + tuple(
+        left_out
+    )
     return Converted(out, dropped)
 
 

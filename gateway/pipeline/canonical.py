@@ -3,7 +3,7 @@
 `chain_hash = H(parent.chain_hash, canonical(message))`. The canonical form keeps what a message means
 (role, content, tool calls, name, tool_call_id) and drops what clients change between calls without
 meaning to: key order, JSON whitespace, null or empty fields, and extra fields SDKs add to assistant
-messages they send back (refusal, annotations, audio). Tool-call arguments are compared as JSON values:
+messages they send back (refusal, annotations, audio), and `cache_control` on content parts. Tool-call arguments are compared as JSON values:
 an Anthropic client sends a call back as an `input` object, which cannot restore the model's spacing.
 """
 
@@ -34,6 +34,12 @@ def _content(value: JSON) -> JSON:
     if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in value):
         # [{"type": "text", "text": "a"}] and "a" mean the same to the model; clients switch between them.
         return "".join(str(p.get("text", "")) for p in value if isinstance(p, dict))
+    if isinstance(value, list):
+        # cache_control is a caching hint that clients (Claude Code) move to the newest turn each call.
+        return [
+            _clean({k: v for k, v in p.items() if k != "cache_control"} if isinstance(p, dict) else p)
+            for p in value
+        ]
     return _clean(value)
 
 
