@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         SearchQuery,
         SearchResult,
         StoredMessage,
+        StoredResponse,
         Summary,
     )
 
@@ -155,6 +156,16 @@ class MessageStore(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class ResponseStore(Protocol):
+    """Responses API responses the client asked to store (`store: true`, the default)."""
+
+    async def save_response(self, response: StoredResponse) -> None: ...
+
+    async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None: ...
+
+    async def delete_response(self, tenant: str, response_id: str) -> bool: ...
 
 
 class JobQueue(Protocol):

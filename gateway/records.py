@@ -279,6 +279,18 @@ class RequestRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A Responses API response kept for `GET /v1/responses/{id}` and `previous_response_id` chains."""
+
+    id: str
+    tenant: str
+    conversation_id: str | None
+    answer_message_id: str | None  # the stored answer a chained request continues from
+    body: JSONObject
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class NewSummary:
     """A summary of the path root..`node_id` (level "global"), or of the messages after `from_node_id`
     up to `node_id` (level "chunk"). Keyed by the node it covers up to, so it is valid for every branch

@@ -40,6 +40,7 @@ from gateway.ports import (
     MessageStore,
     MessagesUpstream,
     ModelCatalog,
+    ResponseStore,
     SummaryStore,
     Tokenizers,
     Upstream,
@@ -69,6 +70,7 @@ class Deps:
     jobs: JobQueue
     workers: WorkerPool  # started and stopped by the app lifespan; `workers.register(kind, handler)`
     tokenizers: Tokenizers
+    responses: ResponseStore  # the Responses API's stored responses
     counters: Counters = field(default_factory=Counters)
     indexes: dict[str, IndexTarget] = field(default_factory=dict)  # tenant -> its retrieval index
     memories: MemoryStore | None = None
@@ -385,6 +387,7 @@ def build_deps(
     from gateway.adapters.cached_store import CachedMessageStore
     from gateway.adapters.model_catalog import LiteLLMModelCatalog
     from gateway.adapters.sql.memories import SqlMemoryStore
+    from gateway.adapters.sql.responses import SqlResponseStore
     from gateway.adapters.sql.store import SqlStore
     from gateway.adapters.sql.summaries import SqlSummaryStore
     from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
@@ -460,6 +463,7 @@ def build_deps(
         jobs=jobs,
         workers=workers,
         tokenizers=tokenizers,
+        responses=SqlResponseStore(sql.engine),
         counters=counters,
         indexes=indexes,
         memories=memories,

@@ -15,20 +15,25 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Protocol
 
 import orjson
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, InvalidRequest
 from gateway.http.errors import error_body
-from gateway.inbound import messages_out
-from gateway.inbound.messages_in import for_openai, to_chat
+from gateway.inbound import messages_out, responses_in
+from gateway.inbound.chat_form import plain_chat
+from gateway.inbound.messages_in import to_chat
 from gateway.inbound.messages_native import NativeRelay, outcome_of, to_messages
 from gateway.inbound.messages_out import MessagesStream, message_from_chat
+from gateway.inbound.responses_out import ResponsesStream, Shell, response_from_chat
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.forward import StreamRelay, StreamTranslator, buffered_outcome, with_stream_usage
+from gateway.pipeline.identify import PARENT_HEADER
 from gateway.pipeline.validate import parse_chat_request, parse_json_object
-from gateway.ports import ChatPayload, Headers, JSONObject, MessagesUpstream, UpstreamResponse
+from gateway.ports import ChatPayload, Headers, JSONObject, MessagesUpstream, ResponseStore, UpstreamResponse
+from gateway.records import StoredResponse
 from gateway.tenants import Tenant
 
 Persist = Callable[[ChatOutcome], Awaitable[None]]
@@ -51,7 +56,16 @@ class Door(Protocol):
     # Whether the model's memory_search calls can be answered on this door (a chat-completions upstream).
     answers_tools: bool
 
-    def parse(self, raw: bytes) -> Parsed: ...
+    @property
+    def persists_first(self) -> bool:
+        """The answer must be stored before the client sees its end (the client may chain from it)."""
+        ...
+
+    async def parse(self, raw: bytes) -> Parsed: ...
+
+    async def stored(self, call: ChatCall, outcome: ChatOutcome) -> None:
+        """After the answer was stored, before the client sees its end (persists_first doors)."""
+        ...
 
     def upstream_headers(self, headers: Headers) -> Headers: ...
 
@@ -91,6 +105,10 @@ class _ChatUpstream:
     """Doors whose upstream takes chat completions (the tenant's `Upstream`)."""
 
     answers_tools = True
+    persists_first = False
+
+    async def stored(self, call: ChatCall, outcome: ChatOutcome) -> None:
+        return None
 
     def __init__(self) -> None:
         self._strip_usage = False
@@ -135,7 +153,7 @@ class _ChatUpstream:
 class ChatDoor(_ChatUpstream):
     """`/v1/chat/completions`: the pipeline's own form; nothing is converted."""
 
-    def parse(self, raw: bytes) -> Parsed:
+    async def parse(self, raw: bytes) -> Parsed:
         return Parsed(parse_chat_request(raw), raw)
 
     def upstream_headers(self, headers: Headers) -> Headers:
@@ -156,8 +174,13 @@ class _AnthropicDoor:
         self.model = ""
         self.original: JSONObject = {}
 
-    def parse(self, raw: bytes) -> Parsed:
+    persists_first = False
+
+    async def parse(self, raw: bytes) -> Parsed:
         return self._parse(raw, count_only=False)
+
+    async def stored(self, call: ChatCall, outcome: ChatOutcome) -> None:
+        return None
 
     def parse_for_count(self, raw: bytes) -> Parsed:
         """A `count_tokens` body: a Messages request without `max_tokens`."""
@@ -185,7 +208,7 @@ class MessagesDoor(_AnthropicDoor, _ChatUpstream):
         # litellm reads thinking_blocks and cache_control (it speaks them to Anthropic); a plain
         # OpenAI-compatible server may refuse them.
         if tenant.config.upstream.is_openai_compatible:
-            return ChatPayload(for_openai(payload.data))
+            return ChatPayload(plain_chat(payload.data))
         return payload
 
     def upstream_headers(self, headers: Headers) -> Headers:
@@ -250,3 +273,102 @@ class NativeMessagesDoor(_AnthropicDoor):
 
     def answer(self, status: int, body: bytes) -> tuple[int, bytes]:
         return status, body  # Anthropic's own answer and error bodies
+
+
+class ResponsesDoor(_ChatUpstream):
+    """`/v1/responses` (OpenAI Responses API) in front of a chat-completions upstream.
+
+    A `previous_response_id` names a stored answer; the request then continues from it as a thin-mode
+    call (`X-Parent-Message-Id`), so the history comes from the gateway's own tree, whatever the
+    upstream. With `store` (the default) the response is saved before the client sees its end.
+    """
+
+    def __init__(self, responses: ResponseStore, tenant: str, request_id: str) -> None:
+        super().__init__()
+        self._responses = responses
+        self._tenant = tenant
+        self._request_id = request_id
+        self._shell: Shell | None = None
+        self._stream: ResponsesStream | None = None
+        self._answer: JSONObject | None = None
+        self._parent: str | None = None
+
+    @property
+    def persists_first(self) -> bool:  # type: ignore[override]  # a class attribute in the base
+        return self._shell is not None and self._shell.store
+
+    async def parse(self, raw: bytes) -> Parsed:
+        request = parse_json_object(raw)
+        converted = responses_in.to_chat(request)
+        if converted.previous_response_id is not None:
+            self._parent = await self._previous(converted.previous_response_id)
+        self._shell = Shell.of(f"resp_{self._request_id}", request, converted.store)
+        headers = []
+        if converted.dropped:
+            headers.append((b"x-gateway-dropped-params", ",".join(converted.dropped).encode()))
+        return Parsed(converted.body, orjson.dumps(converted.body), headers)
+
+    async def _previous(self, response_id: str) -> str:
+        previous = await self._responses.get_response(self._tenant, response_id)
+        if previous is None:
+            raise InvalidRequest(
+                f"Previous response with id '{response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        if previous.answer_message_id is None:
+            raise InvalidRequest(
+                f"Previous response '{response_id}' has no stored answer to continue from.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        return previous.answer_message_id
+
+    @property
+    def shell(self) -> Shell:
+        assert self._shell is not None, "parse() first"
+        return self._shell
+
+    def upstream_headers(self, headers: Headers) -> Headers:
+        if self._parent is None:
+            return headers
+        kept = [(k, v) for k, v in headers if k.lower() != PARENT_HEADER]
+        return [*kept, (PARENT_HEADER, self._parent)]  # the chain continues from the stored answer
+
+    def for_upstream(self, payload: ChatPayload, tenant: Tenant) -> ChatPayload:
+        return ChatPayload(plain_chat(payload.data))
+
+    def translator(self) -> StreamTranslator | None:
+        if self._stream is None:
+            self._stream = ResponsesStream(self.shell)
+        return self._stream
+
+    def answer(self, status: int, body: bytes) -> tuple[int, bytes]:
+        if status >= 400:
+            return status, body  # OpenAI's error shape already
+        try:
+            completion = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            completion = None
+        if not isinstance(completion, dict):
+            return 502, error_body("The upstream answered with a body that is not JSON.", "upstream_error")
+        self._answer = response_from_chat(completion, self.shell)
+        return status, orjson.dumps(self._answer)
+
+    async def stored(self, call: ChatCall, outcome: ChatOutcome) -> None:
+        body = self._stream.finish() if self._stream is not None else self._answer
+        if body is None or outcome.status == "failed":
+            return
+        await self._responses.save_response(
+            StoredResponse(
+                id=self.shell.id,
+                tenant=self._tenant,
+                conversation_id=call.state.conversation_id,
+                answer_message_id=call.state.answer_id,
+                body=body,
+                created_at=datetime.now(UTC),
+            )
+        )
+
+    def error(self, exc: GatewayError) -> bytes:
+        return error_body(exc.message, exc.error_type, exc.param, exc.code)

@@ -83,7 +83,7 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
     deps.counters.chat_requests += 1
-    parsed = door.parse(await read_body(request, max_body_bytes))
+    parsed = await door.parse(await read_body(request, max_body_bytes))
     call = ChatCall(
         request_id=request.scope["request_id"],
         tenant=caller.tenant.name,
@@ -114,8 +114,16 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
             persisted = True
             await pipeline.complete(call, outcome)
 
+    # A thin-mode client's next request (or a Responses chain) must find this answer stored: it is
+    # stored before the client sees the end of it; otherwise after the last byte.
+    early = call.state.explicit or door.persists_first
+
+    async def persist_first(outcome: ChatOutcome) -> None:
+        await persist(outcome)
+        await door.stored(call, outcome)
+
     if call.stream and response.status == 200 and content_type.startswith("text/event-stream"):
-        relay = door.relay(response, persist if call.state.explicit else None)
+        relay = door.relay(response, persist_first if early else None)
         headers = [
             *to_client(response.headers, decoded=True),
             *parsed.headers,
@@ -168,8 +176,8 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
         overhead_header(request, upstream_seconds),
     ]
     done = None
-    if call.state.explicit:
-        await persist(outcome)  # a thin-mode client's next request must find this answer stored
+    if early:
+        await persist_first(outcome)
     else:
         done = BackgroundTask(persist, outcome)  # after the last byte: the client never waits for it
     reply = Response(body, status_code=status, background=done)

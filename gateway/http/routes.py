@@ -13,9 +13,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import UpstreamError
+from gateway.errors import NotFound, UpstreamError
 from gateway.http.api import api_routes
-from gateway.http.doors import ChatDoor, MessagesDoor, NativeMessagesDoor
+from gateway.http.doors import ChatDoor, MessagesDoor, NativeMessagesDoor, ResponsesDoor
 from gateway.http.exchange import count_message_tokens, exchange, overhead_header, read_body
 from gateway.http.headers import to_client, to_upstream
 from gateway.http.memory_api import memory_routes
@@ -42,6 +42,28 @@ class Endpoints:
         native = caller.tenant.messages
         door = NativeMessagesDoor(native) if native is not None else MessagesDoor()
         return await exchange(request, door, self.max_body_bytes)
+
+    async def responses(self, request: Request) -> Response | RelayResponse:
+        deps: Deps = request.state.deps
+        caller: Caller = request.scope["caller"]
+        door = ResponsesDoor(deps.responses, caller.tenant.name, request.scope["request_id"])
+        return await exchange(request, door, self.max_body_bytes)
+
+    async def stored_response(self, request: Request) -> Response:
+        """GET (or DELETE) /v1/responses/{id}: a response stored with `store: true`."""
+        deps: Deps = request.state.deps
+        caller: Caller = request.scope["caller"]
+        response_id = request.path_params["response_id"]
+        if request.method == "DELETE":
+            deleted = await deps.responses.delete_response(caller.tenant.name, response_id)
+            if deleted:
+                body = {"id": response_id, "object": "response", "deleted": True}
+                return Response(orjson.dumps(body), media_type="application/json")
+        else:
+            stored = await deps.responses.get_response(caller.tenant.name, response_id)
+            if stored is not None:
+                return Response(orjson.dumps(stored.body), media_type="application/json")
+        raise NotFound(f"No response found with id '{response_id}'.", param="response_id", code="not_found")
 
     async def count_tokens(self, request: Request) -> Response | RelayResponse:
         return await count_message_tokens(request, self.max_body_bytes)
@@ -112,6 +134,8 @@ def routes(max_body_bytes: int) -> list[Route]:
         Route("/v1/chat/completions", _Asgi(endpoints.chat_completions), methods=["POST"]),
         Route("/v1/messages", _Asgi(endpoints.messages), methods=["POST"]),
         Route("/v1/messages/count_tokens", _Asgi(endpoints.count_tokens), methods=["POST"]),
+        Route("/v1/responses", _Asgi(endpoints.responses), methods=["POST"]),
+        Route("/v1/responses/{response_id}", endpoints.stored_response, methods=["GET", "DELETE"]),
         Route("/v1/{path:path}", _Asgi(endpoints.passthrough), methods=_ALL_METHODS),
         Route("/healthz", endpoints.healthz, methods=["GET"]),
     ]

@@ -3,8 +3,8 @@
 The chat form is what the store keeps and the builder rebuilds, so the mapping is deterministic (the same
 Anthropic history always gives the same chat messages: recognition depends on it) and keeps what the chat
 form cannot say in the fields litellm also uses for it: `thinking_blocks` on assistant messages (thinking
-and redacted_thinking blocks, verbatim, signatures included) and `cache_control` on content parts.
-`for_openai()` drops those before a request goes to an OpenAI-compatible upstream.
+and redacted_thinking blocks, verbatim, signatures included) and `cache_control` on content parts
+(`chat_form.plain_chat` drops them before a request goes to an OpenAI-compatible upstream).
 
 Every check names the field the way Anthropic's own 400s do (`messages.2.content.0.type: ...`).
 """
@@ -36,8 +36,6 @@ _MAPPED = frozenset(
     }
 )
 _EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
-# Chat message keys an OpenAI-compatible server accepts; the rest are the gateway's lossless extras.
-_OPENAI_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,24 +368,3 @@ def to_chat(body: JSONObject, *, count_only: bool = False) -> Converted:
         left_out
     )
     return Converted(out, dropped)
-
-
-def for_openai(body: JSONObject) -> JSONObject:
-    """The chat body without the gateway's lossless extras (an OpenAI-compatible server may refuse them)."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return body
-    cleaned: list[JSON] = []
-    for message in messages:
-        if not isinstance(message, dict):
-            cleaned.append(message)
-            continue
-        plain: JSONObject = {k: v for k, v in message.items() if k in _OPENAI_MESSAGE_KEYS}
-        content = plain.get("content")
-        if isinstance(content, list):
-            plain["content"] = [
-                {k: v for k, v in part.items() if k != "cache_control"} if isinstance(part, dict) else part
-                for part in content
-            ]
-        cleaned.append(plain)
-    return {**body, "messages": cleaned}

@@ -53,6 +53,7 @@ class CallState:
     conversation_id: str | None = None
     user_id: str | None = None
     leaf_id: str | None = None  # the newest stored message of the request: the answer's parent
+    answer_id: str | None = None  # the stored answer's node, once persisted
     leaf_depth: int = -1
     leaf_path_tokens: int = 0
     appended: int = 0  # messages this request added to the store (the answer not counted)

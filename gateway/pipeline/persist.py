@@ -90,6 +90,8 @@ class PersistStep:
             created_at=datetime.now(UTC),
         )
         await self.store.complete(record, answer)
+        if answer is not None and answer.messages:
+            state.answer_id = answer.messages[0].id
 
     def _memory_job(self, call: ChatCall) -> NewJob | None:
         """Extraction of the user turns this request brought (one pending job per conversation reads

@@ -19,6 +19,7 @@ from gateway.adapters.sql.tables import (
     MemorySourceRow,
     MessageRow,
     RequestRow,
+    ResponseRow,
     SummaryRow,
 )
 
@@ -52,12 +53,19 @@ def _memory_profiles(connection: Connection) -> None:
     )
 
 
+def _responses(connection: Connection) -> None:
+    SQLModel.metadata.create_all(
+        connection, tables=[SQLModel.metadata.tables[str(ResponseRow.__tablename__)]]
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     ("0001_conversations_messages_requests", _initial),
     ("0002_jobs", _jobs),
     ("0003_summaries", _summaries),
     ("0004_memories", _memories),
     ("0005_memory_profiles", _memory_profiles),
+    ("0006_responses", _responses),
 )
 
 # Serialises migrations between gateway replicas starting together on one Postgres.

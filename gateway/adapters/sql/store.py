@@ -31,6 +31,7 @@ from gateway.adapters.sql.tables import (
     ConversationRow,
     MessageRow,
     RequestRow,
+    ResponseRow,
     SummaryRow,
     utcnow,
 )
@@ -66,6 +67,7 @@ _OWNED_BY_CONVERSATION = (
     _MESSAGES,
     SQLModel.metadata.tables[str(SummaryRow.__tablename__)],
     _REQUESTS,  # their reports name message ids
+    SQLModel.metadata.tables[str(ResponseRow.__tablename__)],  # stored Responses hold the answers' text
     SQLModel.metadata.tables[str(CompactionCursorRow.__tablename__)],
     _CONVERSATIONS,
 )

@@ -232,3 +232,18 @@ class MemoryProfileRow(SQLModel, table=True):
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
     edited_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=True))
+
+
+class ResponseRow(SQLModel, table=True):
+    """A stored Responses API response: what `GET /v1/responses/{id}` returns, and the stored answer a
+    `previous_response_id` chain continues from."""
+
+    __tablename__ = "responses"
+    __table_args__ = (Index("ix_responses_conversation", "tenant", "conversation_id"),)
+
+    id: str = Field(primary_key=True, max_length=64)
+    tenant: str = Field(primary_key=True, max_length=200)
+    conversation_id: str | None = Field(default=None, max_length=32)
+    answer_message_id: str | None = Field(default=None, max_length=32)
+    body: dict[str, object] = Field(sa_column=Column(JSONType, nullable=False))
+    created_at: datetime = Field(sa_column=_timestamp())
