@@ -10,7 +10,8 @@ Processes, all on 127.0.0.1:
     record=False);
   * one gateway per upstream client, started through the real CLI
     (`python -m gateway serve --config <yaml> --port <p>`) with `upstream.http_client: httpx`,
-    `httpx-aiohttp` and `aiohttp`, all pointing at that fake;
+    `httpx-aiohttp` and `aiohttp`, all pointing at that fake, and one more aiohttp gateway per other front
+    door (`/v1/messages`, `/v1/responses`: the same request converted both ways), for phases 1 and 2;
   * this process, the load generator: raw keep-alive HTTP/1.1 connections with pre-built request bytes and
     the httptools parser (`benchmarks/loadgen.py`), and `wrk` (C, epoll) for throughput when installed.
 
@@ -211,8 +212,9 @@ def wait_ready(child: Child, path: str, timeout: float = 60.0) -> None:
 
 
 def gateway_config(
-    upstream_port: int, client: str, workdir: Path, under_test: dict[str, Any]
+    upstream_port: int, client: str, workdir: Path, under_test: dict[str, Any], label: str | None = None
 ) -> dict[str, Any]:
+    label = label or client
     tenant: dict[str, Any] = {
         "name": "bench",
         "api_keys": [GATEWAY_KEY],
@@ -229,8 +231,8 @@ def gateway_config(
     return {
         "server": {"host": HOST, "log_level": "warning"},
         "storage": {
-            "database_url": f"sqlite:///{workdir}/{client}.db",
-            "data_dir": str(workdir / f"data-{client}"),
+            "database_url": f"sqlite:///{workdir}/{label}.db",
+            "data_dir": str(workdir / f"data-{label}"),
         },
         "tenants": [tenant],
     }
@@ -374,7 +376,9 @@ class Target:
     name: str  # "direct", a gateway's http_client, or a front door of the aiohttp gateway
     port: int
     key: str
-    door: str = "chat"  # "messages": the same request as an Anthropic Messages call to /v1/messages
+    # "messages" / "responses": the same request as an Anthropic Messages call to /v1/messages, or as an
+    # OpenAI Responses call to /v1/responses (store: false, as a stateless client sends it)
+    door: str = "chat"
 
     def request(self, body: dict[str, Any]) -> bytes:
         if self.door == "messages":
@@ -383,14 +387,21 @@ class Target:
                 anthropic["stream"] = True
             headers = {"x-api-key": self.key, "anthropic-version": "2023-06-01"}
             return build_request(HOST, self.port, "/v1/messages", orjson.dumps(anthropic), headers)
+        if self.door == "responses":
+            responses = {"model": body["model"], "input": body["messages"], "store": False}
+            if body.get("stream"):
+                responses["stream"] = True
+            auth = {"Authorization": f"Bearer {self.key}"}
+            return build_request(HOST, self.port, "/v1/responses", orjson.dumps(responses), auth)
         payload = orjson.dumps(body)
         return build_request(
             HOST, self.port, "/v1/chat/completions", payload, {"Authorization": f"Bearer {self.key}"}
         )
 
 
-# The other front doors, measured on the default (aiohttp) gateway beside its chat-completions row.
-DOORS = {"aiohttp /v1/messages": "messages"}
+# The other front doors, each on a gateway configured as the default (aiohttp) one, beside its
+# chat-completions row.
+DOORS = {"aiohttp /v1/messages": "messages", "aiohttp /v1/responses": "responses"}
 
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "Say hello to the benchmark."}]}
@@ -996,13 +1007,23 @@ async def run(
         port = free_port()
         argv = [python, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
         gateways[client] = children.start(client, port, argv, workdir)
+    # Each front door gets a gateway process of its own, configured as the aiohttp one: a request through
+    # a process that has just served another one is answered faster (measured), which would favour a
+    # door that shares its process with the chat row.
+    for name in DOORS:
+        label = "aiohttp-" + DOORS[name]
+        config = workdir / f"gateway-{label}.yaml"
+        config.write_text(json.dumps(gateway_config(fake_port, "aiohttp", workdir, under_test, label)))
+        port = free_port()
+        argv = [python, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+        gateways[name] = children.start(label, port, argv, workdir)
     wait_ready(fake, "/v1/models")
     for child in gateways.values():
         wait_ready(child, "/healthz")
     targets = [Target("direct", fake_port, UPSTREAM_KEY)] + [
-        Target(name, child.port, GATEWAY_KEY) for name, child in gateways.items()
+        Target(name, child.port, GATEWAY_KEY) for name, child in gateways.items() if name in CLIENTS
     ]
-    doors = [Target(name, gateways["aiohttp"].port, GATEWAY_KEY, door) for name, door in DOORS.items()]
+    doors = [Target(name, gateways[name].port, GATEWAY_KEY, door) for name, door in DOORS.items()]
     meter = CpuMeter({"fake-upstream": fake.proc.pid} | {name: c.proc.pid for name, c in gateways.items()})
     results: dict[str, Any] = {
         "settings": asdict(settings),

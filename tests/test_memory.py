@@ -654,3 +654,47 @@ def test_a_long_history_arriving_in_one_request_is_learnt_in_bounded_calls(
     ]
     assert len(extractions) == 4  # 13 turns, at most 4 a call
     assert all(str(r.body["messages"][1]["content"]).count("<turn ") <= 4 for r in extractions)  # type: ignore[index]
+
+
+def test_memory_is_learnt_and_recalled_through_every_front_door(
+    remembering: Gateway, upstream: Upstream
+) -> None:
+    """Anthropic's metadata.user_id and the Responses API's `user` name the same user as X-User-Id: what
+    is learnt through one door is recalled in a new conversation through another."""
+    said = remembering.anthropic().messages.with_raw_response.create(
+        model="claude-sonnet-4-5",
+        max_tokens=100,
+        metadata={"user_id": "ana"},
+        messages=[
+            {"role": "user", "content": "Our billing service runs on Postgres 16 with pgbouncer in front."}
+        ],
+    )
+    recorded(remembering, said.headers["x-gateway-request-id"])
+    first = remembering.client().responses.with_raw_response.create(
+        model="gpt-4o-mini", user="ana", input="I prefer answers in Korean with English technical terms."
+    )
+    recorded(remembering, first.headers["x-gateway-request-id"])
+    wait_for_jobs(remembering)
+    learnt = " ".join(contents(remembering))
+    assert "pgbouncer" in learnt and "Korean" in learnt
+
+    remembering.client().responses.create(
+        model="gpt-4o-mini", user="ana", input="Which pgbouncer pool mode suits our billing database?"
+    )
+    assert "Postgres 16 with pgbouncer" in injected(upstream) and "Korean" in injected(upstream)
+    remembering.anthropic().messages.create(
+        model="claude-sonnet-4-5",
+        max_tokens=100,
+        metadata={"user_id": "ana"},
+        messages=[{"role": "user", "content": "How should I tune the billing database's pgbouncer?"}],
+    )
+    assert "Postgres 16 with pgbouncer" in injected(upstream)
+    # Incognito holds on the other doors too.
+    remembering.anthropic().messages.create(
+        model="claude-sonnet-4-5",
+        max_tokens=100,
+        metadata={"user_id": "ana"},
+        messages=[{"role": "user", "content": "What about the billing pgbouncer settings?"}],
+        extra_headers={"X-Gateway-Memory": "off"},
+    )
+    assert injected(upstream) == ""

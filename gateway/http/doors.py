@@ -106,13 +106,14 @@ class _ChatUpstream:
 
     answers_tools = True
     persists_first = False
-
-    async def stored(self, call: ChatCall, outcome: ChatOutcome) -> None:
-        return None
+    translates = False  # whether `translator()` turns the chat stream into another API's events
 
     def __init__(self) -> None:
         self._strip_usage = False
         self._sent: JSONObject = {}
+
+    async def stored(self, call: ChatCall, outcome: ChatOutcome) -> None:
+        return None
 
     def for_upstream(self, payload: ChatPayload, tenant: Tenant) -> ChatPayload:
         return payload
@@ -125,7 +126,7 @@ class _ChatUpstream:
     ) -> UpstreamResponse:
         if tenant.config.upstream.request_stream_usage:
             payload, strip = with_stream_usage(call, payload)
-            self._strip_usage = strip and self.translator() is None  # a translator reads the usage itself
+            self._strip_usage = strip and not self.translates  # a translator reads the usage chunk itself
         payload = self.for_upstream(payload, tenant)
         self._sent = payload.data
         return await tenant.upstream.chat_completions(payload, call.headers, key)
@@ -169,12 +170,13 @@ class ChatDoor(_ChatUpstream):
 class _AnthropicDoor:
     """What both `/v1/messages` doors share: Anthropic's request checks, headers and error shape."""
 
+    persists_first = False
+    native = False
+
     def __init__(self) -> None:
         super().__init__()
         self.model = ""
         self.original: JSONObject = {}
-
-    persists_first = False
 
     async def parse(self, raw: bytes) -> Parsed:
         return self._parse(raw, count_only=False)
@@ -195,14 +197,14 @@ class _AnthropicDoor:
             headers.append((b"x-gateway-dropped-params", ",".join(converted.dropped).encode()))
         return Parsed(converted.body, orjson.dumps(converted.body), headers)
 
-    native = False
-
     def error(self, exc: GatewayError) -> bytes:
         return messages_out.error_body(exc.status, exc.message)
 
 
 class MessagesDoor(_AnthropicDoor, _ChatUpstream):
     """`/v1/messages` in front of a chat-completions upstream."""
+
+    translates = True
 
     def for_upstream(self, payload: ChatPayload, tenant: Tenant) -> ChatPayload:
         # litellm reads thinking_blocks and cache_control (it speaks them to Anthropic); a plain
@@ -282,6 +284,8 @@ class ResponsesDoor(_ChatUpstream):
     call (`X-Parent-Message-Id`), so the history comes from the gateway's own tree, whatever the
     upstream. With `store` (the default) the response is saved before the client sees its end.
     """
+
+    translates = True
 
     def __init__(self, responses: ResponseStore, tenant: str, request_id: str) -> None:
         super().__init__()
