@@ -88,6 +88,9 @@ class UpstreamConfig(_Frozen):
     connect_timeout_seconds: float = Field(default=DEFAULT_CONNECT_TIMEOUT_SECONDS, gt=0)
     request_stream_usage: bool = True
     models: tuple[str, ...] = ()
+    # How /v1/responses reaches this upstream: converted to chat completions (every server speaks them),
+    # or forwarded to its own /v1/responses (OpenAI, vLLM: built-in tools and reasoning items work).
+    responses: Literal["chat", "native"] = "chat"
 
     @field_validator("base_url")
     @classmethod
@@ -106,6 +109,8 @@ class UpstreamConfig(_Frozen):
     def _needs_base_url(self) -> UpstreamConfig:
         if self.is_openai_compatible and self.base_url is None:
             raise ValueError("base_url is required when provider is 'openai' (any OpenAI-compatible API)")
+        if self.responses == "native" and not self.is_openai_compatible:
+            raise ValueError("responses: native needs an OpenAI-compatible upstream (provider 'openai')")
         # No api_key and no pass-through is allowed: keyless local servers (llama.cpp, vLLM) are common.
         return self
 

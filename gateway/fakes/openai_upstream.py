@@ -46,6 +46,7 @@ class Reply:
     chunk_delay: float = 0.0
     break_after_chunks: int | None = None
     finish_reason: str | None = None
+    reasoning: str | None = None  # /v1/responses only: a reasoning item before the answer
 
 
 @dataclass(slots=True)
@@ -127,6 +128,7 @@ class FakeUpstream:
         return Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             ]
@@ -209,6 +211,93 @@ class FakeUpstream:
             "system_fingerprint": "fp_fake",
         }
         return Response(orjson.dumps(out), media_type="application/json")
+
+    async def _responses(self, request: Request) -> Response:
+        """OpenAI's Responses API, as a provider that serves it natively (OpenAI, vLLM) answers: the
+        output items (a reasoning item, a web_search_call when the request offers web search, the
+        message, function calls), or the named events of a stream."""
+        body = await self._remember(request)
+        reply = self.next_reply({"messages": _responses_messages(body.get("input"))})
+        if reply.status != 200:
+            error = reply.error or {
+                "message": "fake upstream error",
+                "type": "server_error",
+                "param": None,
+                "code": None,
+            }
+            return Response(
+                orjson.dumps({"error": error}), status_code=reply.status, media_type="application/json"
+            )
+        number = next(self._ids)
+        output: list[JSON] = []
+        if reply.reasoning:
+            output.append(
+                {
+                    "type": "reasoning",
+                    "id": f"rs_fake{number}",
+                    "summary": [{"type": "summary_text", "text": reply.reasoning}],
+                    "encrypted_content": f"enc:{reply.reasoning}",
+                }
+            )
+        tools = body.get("tools")
+        if isinstance(tools, list) and any(
+            isinstance(t, dict) and t.get("type") == "web_search" for t in tools
+        ):
+            output.append(
+                {
+                    "type": "web_search_call",
+                    "id": f"ws_fake{number}",
+                    "status": "completed",
+                    "action": {"type": "search", "query": "fake"},
+                }
+            )
+        if reply.content:
+            part: JSONObject = {
+                "type": "output_text",
+                "text": reply.content,
+                "annotations": [],
+                "logprobs": [],
+            }
+            output.append(
+                {
+                    "type": "message",
+                    "id": f"msg_fake{number}",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [part],
+                }
+            )
+        for index, call in enumerate(reply.tool_calls):
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_fake{number}_{index}",
+                    "call_id": call.id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                    "status": "completed",
+                }
+            )
+        words = len((reply.content or "").split())
+        response: JSONObject = {
+            "id": f"resp_fake{number}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": body.get("model") or self.model,
+            "output": output,
+            "usage": {
+                "input_tokens": len(orjson.dumps(body.get("input"))) // 4,
+                "output_tokens": words + 1,
+                "total_tokens": 0,
+            },
+            "previous_response_id": body.get("previous_response_id"),
+            "store": body.get("store", True),
+        }
+        if body.get("stream") is not True:
+            return Response(orjson.dumps(response), media_type="application/json")
+        frames = _responses_frames(response)
+        return StreamingResponse(self._paced(frames, reply), media_type="text/event-stream")
 
     async def _paced(self, frames: list[bytes], reply: Reply) -> AsyncIterator[bytes]:
         try:
@@ -313,4 +402,88 @@ def _stream_frames(cid: str, created: int, model: str, reply: Reply, usage: JSON
         }
         frames.append(b"data: " + orjson.dumps(tail) + b"\n\n")
     frames.append(b"data: [DONE]\n\n")
+    return frames
+
+
+def _responses_messages(items: JSON) -> list[JSON]:
+    """The user messages of a Responses input, for the default echo answer."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    out: list[JSON] = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, list):
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            out.append({"role": "user", "content": content})
+    return out
+
+
+def _responses_frames(response: JSONObject) -> list[bytes]:
+    """The event sequence OpenAI streams for a finished `response` (text in words, arguments in pieces)."""
+    counter = itertools.count()
+
+    def event(kind: str, **data: JSON) -> bytes:
+        payload = {"type": kind, "sequence_number": next(counter), **data}
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    started = {**response, "status": "in_progress", "output": [], "usage": None}
+    frames = [event("response.created", response=started), event("response.in_progress", response=started)]
+    output = response["output"]
+    assert isinstance(output, list)
+    for index, item in enumerate(output):
+        assert isinstance(item, dict)
+        if item["type"] == "message":
+            frames.append(
+                event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "content": []},
+                )
+            )
+            part = item["content"][0]  # type: ignore[index]
+            assert isinstance(part, dict)
+            ids: dict[str, JSON] = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            frames.append(event("response.content_part.added", **ids, part={**part, "text": ""}))
+            for position, word in enumerate(str(part["text"]).split(" ")):
+                frames.append(
+                    event(
+                        "response.output_text.delta",
+                        **ids,
+                        delta=word if position == 0 else " " + word,
+                        logprobs=[],
+                    )
+                )
+            frames.append(event("response.output_text.done", **ids, text=part["text"], logprobs=[]))
+            frames.append(event("response.content_part.done", **ids, part=part))
+        elif item["type"] == "function_call":
+            frames.append(
+                event(
+                    "response.output_item.added",
+                    output_index=index,
+                    item={**item, "status": "in_progress", "arguments": ""},
+                )
+            )
+            arguments = str(item["arguments"])
+            for start in range(0, len(arguments), 8):
+                frames.append(
+                    event(
+                        "response.function_call_arguments.delta",
+                        item_id=item["id"],
+                        output_index=index,
+                        delta=arguments[start : start + 8],
+                    )
+                )
+            frames.append(
+                event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    arguments=arguments,
+                )
+            )
+        else:
+            frames.append(event("response.output_item.added", output_index=index, item=item))
+        frames.append(event("response.output_item.done", output_index=index, item=item))
+    frames.append(event("response.completed", response=response))
     return frames

@@ -27,10 +27,13 @@ from gateway.inbound.chat_form import plain_chat
 from gateway.inbound.messages_in import to_chat
 from gateway.inbound.messages_native import NativeRelay, outcome_of, to_messages
 from gateway.inbound.messages_out import MessagesStream, message_from_chat
+from gateway.inbound.responses_native import NativeResponsesRelay, to_responses
+from gateway.inbound.responses_native import outcome_of as native_outcome
 from gateway.inbound.responses_out import ResponsesStream, Shell, response_from_chat
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.forward import StreamRelay, StreamTranslator, buffered_outcome, with_stream_usage
 from gateway.pipeline.identify import PARENT_HEADER
+from gateway.pipeline.stream import parse_chunk
 from gateway.pipeline.validate import parse_chat_request, parse_json_object
 from gateway.ports import ChatPayload, Headers, JSONObject, MessagesUpstream, ResponseStore, UpstreamResponse
 from gateway.records import StoredResponse
@@ -376,3 +379,69 @@ class ResponsesDoor(_ChatUpstream):
 
     def error(self, exc: GatewayError) -> bytes:
         return error_body(exc.message, exc.error_type, exc.param, exc.code)
+
+
+class NativeResponsesDoor(ResponsesDoor):
+    """`/v1/responses` to an upstream serving the Responses API (`upstream.responses: native`): the
+    client's bytes when nothing is rewritten, the provider's answer and response ids as it sent them."""
+
+    answers_tools = False  # the memory tool loop speaks chat completions
+    translates = False
+
+    def __init__(self, responses: ResponseStore, tenant: str, request_id: str) -> None:
+        super().__init__(responses, tenant, request_id)
+        self._raw = b""
+        self._original: JSONObject = {}
+        self._relay: NativeResponsesRelay | None = None
+        self._body: JSONObject | None = None
+
+    async def parse(self, raw: bytes) -> Parsed:
+        self._raw = raw
+        self._original = parse_json_object(raw)
+        converted = responses_in.to_chat(self._original, native=True)
+        previous = converted.previous_response_id
+        if previous is not None:
+            stored = await self._responses.get_response(self._tenant, previous)
+            # One the gateway never saw (made at the provider directly) is the provider's to resolve.
+            if stored is not None and stored.answer_message_id is not None:
+                self._parent = stored.answer_message_id
+        self._shell = Shell.of("", self._original, converted.store)
+        return Parsed(converted.body, orjson.dumps(converted.body))
+
+    async def send(
+        self, tenant: Tenant, call: ChatCall, payload: ChatPayload, key: str | None
+    ) -> UpstreamResponse:
+        if payload.raw is not None:
+            body = self._raw  # nothing rewritten: the client's own bytes
+        else:
+            body = orjson.dumps(to_responses(payload.data, self._original))
+        headers = [*call.headers, ("content-type", "application/json"), ("accept-encoding", "identity")]
+        return await tenant.upstream.forward("POST", "/responses", "", headers, body, key)
+
+    def relay(self, response: UpstreamResponse, before_done: Persist | None) -> Relay:
+        self._relay = NativeResponsesRelay(response, before_done)
+        return self._relay
+
+    def outcome(self, status: int, body: bytes) -> ChatOutcome:
+        parsed = parse_chunk(body) if status < 400 else None
+        self._body = parsed
+        return native_outcome(status, body)
+
+    def answer(self, status: int, body: bytes) -> tuple[int, bytes]:
+        return status, body  # the provider's own answer and error bodies
+
+    async def stored(self, call: ChatCall, outcome: ChatOutcome) -> None:
+        body = self._relay.final if self._relay is not None else self._body
+        response_id = body.get("id") if body is not None else None
+        if body is None or not isinstance(response_id, str) or outcome.status == "failed":
+            return
+        await self._responses.save_response(
+            StoredResponse(
+                id=response_id,
+                tenant=self._tenant,
+                conversation_id=call.state.conversation_id,
+                answer_message_id=call.state.answer_id,
+                body=body,
+                created_at=datetime.now(UTC),
+            )
+        )

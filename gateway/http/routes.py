@@ -15,7 +15,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import NotFound, UpstreamError
 from gateway.http.api import api_routes
-from gateway.http.doors import ChatDoor, MessagesDoor, NativeMessagesDoor, ResponsesDoor
+from gateway.http.doors import (
+    ChatDoor,
+    MessagesDoor,
+    NativeMessagesDoor,
+    NativeResponsesDoor,
+    ResponsesDoor,
+)
 from gateway.http.exchange import count_message_tokens, exchange, overhead_header, read_body
 from gateway.http.headers import to_client, to_upstream
 from gateway.http.memory_api import memory_routes
@@ -46,7 +52,9 @@ class Endpoints:
     async def responses(self, request: Request) -> Response | RelayResponse:
         deps: Deps = request.state.deps
         caller: Caller = request.scope["caller"]
-        door = ResponsesDoor(deps.responses, caller.tenant.name, request.scope["request_id"])
+        native = caller.tenant.config.upstream.responses == "native"
+        kind = NativeResponsesDoor if native else ResponsesDoor
+        door = kind(deps.responses, caller.tenant.name, request.scope["request_id"])
         return await exchange(request, door, self.max_body_bytes)
 
     async def stored_response(self, request: Request) -> Response:

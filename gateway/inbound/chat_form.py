@@ -2,7 +2,7 @@
 
 The store keeps what each front door's client sent, losslessly: besides the chat fields, `thinking_blocks`
 (Anthropic thinking, signed), `is_error` on tool results and `cache_control` on content parts (Anthropic),
-`reasoning_items` (Responses). A plain OpenAI-compatible server may refuse those, so `plain_chat` drops
+`response_items` and `trailing_items` (Responses items with no chat message: reasoning, built-in tool calls). A plain OpenAI-compatible server may refuse those, so `plain_chat` drops
 them before a request goes to one.
 """
 

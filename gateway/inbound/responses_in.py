@@ -3,8 +3,8 @@
 `input` items become chat messages deterministically, so a client that resends its items (instead of
 chaining with `previous_response_id`) is recognised like any chat client: an assistant `message` and
 the `function_call` items after it are one assistant message with tool calls, a
-`function_call_output` a tool message. `reasoning` items are kept on the assistant message that follows
-them (`reasoning_items`, dropped before a chat upstream), so nothing the client sent is lost in the store.
+`function_call_output` a tool message. `reasoning` items are kept on the message that follows them
+(`response_items`, dropped before a chat upstream), so nothing the client sent is lost in the store.
 """
 
 from __future__ import annotations
@@ -129,24 +129,34 @@ def _output(value: JSON, where: str) -> JSON:
     raise _fail(f"{where}.output", "expected a string or a list of content parts.")
 
 
-def input_messages(items: JSON) -> list[JSONObject]:
-    """Chat messages for a Responses `input` (a string or a list of items)."""
+def input_messages(items: JSON, *, native: bool = False) -> list[JSONObject]:
+    """Chat messages for a Responses `input` (a string or a list of items).
+
+    Items the chat form has no message for (`reasoning`; with `native`, any other item type too: built-in
+    tool calls and their outputs, MCP items...) are kept, verbatim and in order, on the message that
+    follows them (`response_items`), or on the last message (`trailing_items`) when none follows: the
+    native door writes them back where they were.
+    """
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise _fail("input", "expected a string or a non-empty list of items.")
     out: list[JSONObject] = []
-    reasoning: list[JSON] = []
+    pending: list[JSON] = []
+
+    def add(message: JSONObject) -> None:
+        nonlocal pending
+        if pending:
+            message["response_items"], pending = pending, []
+        out.append(message)
+
     for index, item in enumerate(items):
         where = f"input[{index}]"
         if not isinstance(item, dict):
             raise _fail(where, "expected an object.")
         kind = item.get("type", "message")
         if kind == "message":
-            message = _message(item, where)
-            if message["role"] == "assistant" and reasoning:
-                message["reasoning_items"], reasoning = reasoning, []
-            out.append(message)
+            add(_message(item, where))
         elif kind == "function_call":
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
             if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
@@ -158,28 +168,35 @@ def input_messages(items: JSON) -> list[JSONObject]:
             }
             previous = out[-1] if out else None
             if previous is not None and previous["role"] == "assistant":
+                # A message and the calls after it (reasoning between them included): one assistant turn,
+                # as one response's output is one stored answer.
                 calls = previous.setdefault("tool_calls", [])
                 assert isinstance(calls, list)
-                calls.append(call)  # a message and the calls after it: one assistant turn
+                calls.append(call)
+                if pending:
+                    kept = previous.setdefault("response_items", [])
+                    assert isinstance(kept, list)
+                    kept.extend(pending)
+                    pending = []
             else:
-                message = {"role": "assistant", "content": None, "tool_calls": [call]}
-                if reasoning:
-                    message["reasoning_items"], reasoning = reasoning, []
-                out.append(message)
+                add({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise _fail(f"{where}.call_id", "expected a string.")
-            out.append(
-                {"role": "tool", "tool_call_id": call_id, "content": _output(item.get("output"), where)}
-            )
-        elif kind == "reasoning":
-            reasoning.append(item)
+            add({"role": "tool", "tool_call_id": call_id, "content": _output(item.get("output"), where)})
+        elif kind == "reasoning" or (native and isinstance(kind, str)):
+            pending.append(item)
         else:
             raise _fail(
                 f"{where}.type",
-                f"unsupported item type {kind!r} here (message, function_call, function_call_output, reasoning).",
+                f"unsupported item type {kind!r} here (message, function_call, function_call_output, reasoning); "
+                "built-in tool items need an upstream that serves the Responses API (upstream.responses: native).",
             )
+    if pending:
+        if not out:
+            raise _fail("input", "expected at least one message, function call or function call output.")
+        out[-1]["trailing_items"] = pending
     return out
 
 
@@ -232,8 +249,9 @@ def _text_format(text: JSON, out: JSONObject) -> None:
         out["verbosity"] = text["verbosity"]
 
 
-def to_chat(body: JSONObject) -> Converted:
-    """The chat-completion body for a Responses request; `InvalidRequest` names a bad field."""
+def to_chat(body: JSONObject, *, native: bool = False) -> Converted:
+    """The chat-completion body for a Responses request; `InvalidRequest` names a bad field. `native`:
+    the request goes to an upstream serving the Responses API, so every item type is kept."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _fail("model", "'model' is required and must be a non-empty string.")
@@ -253,7 +271,7 @@ def to_chat(body: JSONObject) -> Converted:
         raise _fail("instructions", "expected a string.")
 
     messages: list[JSON] = [{"role": "system", "content": instructions}] if instructions else []
-    messages.extend(input_messages(body["input"]))
+    messages.extend(input_messages(body["input"], native=native))
     out: JSONObject = {"model": model, "messages": messages}
     if stream:
         out["stream"] = True

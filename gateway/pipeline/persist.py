@@ -120,12 +120,19 @@ def _answer_message(outcome: ChatOutcome) -> JSONObject | None:
         return None
     content = message.get("content")
     calls = message.get("tool_calls")
-    if not content and not calls:
+    if not content and not calls and not message.get("response_items"):
         return None
     out: JSONObject = {"role": "assistant", "content": content}
     if calls:
         out["tool_calls"] = calls
-    thinking = message.get("thinking_blocks")
-    if isinstance(thinking, list) and thinking:
-        out["thinking_blocks"] = thinking  # signed: Anthropic wants them back on tool-use turns
+    for key in _KEPT:
+        value = message.get(key)
+        if isinstance(value, list) and value:
+            out[key] = value
     return out
+
+
+# What a front door's chat form keeps beside the chat fields (inbound/chat_form.py): Anthropic's signed
+# thinking blocks, Responses items with no chat message (reasoning, built-in tool calls). The provider
+# wants them back on the next turn.
+_KEPT = ("thinking_blocks", "response_items", "trailing_items")
