@@ -420,7 +420,7 @@ def test_memory_migrations_apply_over_a_database_at_0003(
             patch.setattr(migrations, "MIGRATIONS", earlier)
             assert migrations.migrate(engine) == [name for name, _ in earlier]
         assert "memories" not in inspect(engine).get_table_names()
-        assert migrations.migrate(engine) == ["0004_memories", "0005_memory_profiles"]
+        assert migrations.migrate(engine) == ["0004_memories", "0005_memory_profiles", "0006_responses"]
         tables = set(inspect(engine).get_table_names())
         assert {"memories", "memory_sources", "memory_cursors", "memory_profiles"} <= tables
         assert migrations.migrate(engine) == []

@@ -8,6 +8,8 @@ them before a request goes to one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gateway.ports import JSON, JSONObject
 
 CHAT_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "refusal"})
@@ -32,3 +34,44 @@ def plain_chat(body: JSONObject) -> JSONObject:
     if not isinstance(messages, list):
         return body
     return {**body, "messages": [_plain(m) for m in messages]}
+
+
+def text_of(content: JSON) -> str:
+    """A chat content's text: the string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One tool call of an assistant message (or one fragment of a streamed call)."""
+
+    id: str | None
+    name: str
+    arguments: str
+
+
+def _call(call: JSONObject) -> Call:
+    function = call.get("function")
+    function = function if isinstance(function, dict) else {}
+    call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
+    return Call(
+        call_id if isinstance(call_id, str) and call_id else None,
+        name if isinstance(name, str) else "",
+        arguments if isinstance(arguments, str) else "",
+    )
+
+
+def calls_of(message: JSONObject) -> list[Call]:
+    """The tool calls of a chat message, in order."""
+    calls = message.get("tool_calls")
+    return [_call(c) for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
+
+def call_delta(part: JSONObject, known: int) -> tuple[int, Call]:
+    """A streamed tool-call fragment: its position (`index`, else the next after `known`) and content."""
+    position = part.get("index")
+    return (position if isinstance(position, int) else known), _call(part)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import orjson
 
 from gateway.errors import UpstreamError
+from gateway.inbound.chat_form import calls_of
 from gateway.inbound.messages_out import error_event, tool_input
 from gateway.pipeline.call import ChatOutcome, OutcomeStatus
 from gateway.pipeline.stream import FrameSplitter, frame_data, parse_chunk
@@ -78,19 +79,10 @@ def _assistant(message: JSONObject) -> list[JSON]:
     if isinstance(thinking, list):
         blocks.extend(b for b in thinking if isinstance(b, dict))
     blocks.extend(_blocks(message.get("content")))
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else []:
-        if isinstance(call, dict):
-            function = call.get("function")
-            function = function if isinstance(function, dict) else {}
-            blocks.append(
-                {
-                    "type": "tool_use",
-                    "id": call.get("id"),
-                    "name": function.get("name"),
-                    "input": tool_input(function.get("arguments")),
-                }
-            )
+    for call in calls_of(message):
+        blocks.append(
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": tool_input(call.arguments)}
+        )
     return blocks
 
 

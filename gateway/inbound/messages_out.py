@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import orjson
 
+from gateway.inbound.chat_form import call_delta, calls_of, text_of
 from gateway.ports import JSON, JSONObject
 
 _STOP_REASONS = {
@@ -100,14 +101,6 @@ def _thinking(message: JSONObject) -> list[JSON]:
     return []
 
 
-def _text(content: JSON) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
-
-
 def message_from_chat(completion: JSONObject, model: str) -> JSONObject:
     """The Anthropic message for a chat completion (its first choice: Anthropic has no `n`)."""
     choices = completion.get("choices")
@@ -115,21 +108,16 @@ def message_from_chat(completion: JSONObject, model: str) -> JSONObject:
     message = choice.get("message")
     message = message if isinstance(message, dict) else {}
     content: list[JSON] = [*_thinking(message)]
-    text = _text(message.get("content")) or _text(message.get("refusal"))
+    text = text_of(message.get("content")) or text_of(message.get("refusal"))
     if text:
         content.append({"type": "text", "text": text})
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else []:
-        if not isinstance(call, dict):
-            continue
-        function = call.get("function")
-        function = function if isinstance(function, dict) else {}
+    for index, call in enumerate(calls_of(message)):
         content.append(
             {
                 "type": "tool_use",
-                "id": call.get("id") or "toolu_gateway",
-                "name": function.get("name") or "",
-                "input": tool_input(function.get("arguments")),
+                "id": call.id or f"toolu_gateway_{index}",
+                "name": call.name,
+                "input": tool_input(call.arguments),
             }
         )
     finish = choice.get("finish_reason")
@@ -246,26 +234,22 @@ class MessagesStream:
             out += self._close()
         return out
 
-    def _tool_call(self, call: JSONObject) -> list[bytes]:
+    def _tool_call(self, part: JSONObject) -> list[bytes]:
         out: list[bytes] = []
-        position = call.get("index")
-        position = position if isinstance(position, int) else len(self._tools)
-        function = call.get("function")
-        function = function if isinstance(function, dict) else {}
+        position, call = call_delta(part, len(self._tools))
         if position not in self._tools:
             block: JSONObject = {
                 "type": "tool_use",
-                "id": call.get("id") or f"toolu_gateway_{position}",
-                "name": function.get("name") or "",
+                "id": call.id or f"toolu_gateway_{position}",
+                "name": call.name,
                 "input": {},
             }
             out += self._open_block("tool_use", block)
             self._tools[position] = self._block
         elif self._tools[position] != self._block or self._open != "tool_use":
             return out  # a late fragment of an earlier call: Anthropic streams blocks one after another
-        arguments = function.get("arguments")
-        if isinstance(arguments, str) and arguments:
-            out.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
+        if call.arguments:
+            out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
         return out
 
     def failed(self, message: str, error_type: str, code: str | None) -> bytes:

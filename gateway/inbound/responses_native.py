@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import orjson
 
 from gateway.errors import UpstreamError
+from gateway.inbound.chat_form import calls_of, text_of
 from gateway.inbound.responses_in import input_messages
 from gateway.pipeline.call import ChatOutcome, OutcomeStatus
 from gateway.pipeline.stream import FrameSplitter, frame_data, parse_chunk
@@ -52,12 +53,6 @@ def _input_content(content: JSON) -> JSON:
     return "" if content is None else str(content)
 
 
-def _text(content: JSON) -> str:
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return "" if content is None else str(content)
-
-
 def _kept(message: JSONObject, key: str) -> list[JSON]:
     items = message.get(key)
     return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
@@ -76,33 +71,24 @@ def _items(message: JSONObject, instructions: JSON) -> list[JSON]:
             {
                 "type": "function_call_output",
                 "call_id": message.get("tool_call_id"),
-                "output": _text(message.get("content"))
+                "output": text_of(message.get("content"))
                 if not isinstance(message.get("content"), list)
                 else _input_content(message.get("content")),
             }
         )
     elif role == "assistant":
         content: list[JSON] = []
-        text = _text(message.get("content"))
+        text = text_of(message.get("content"))
         if text:
             content.append({"type": "output_text", "text": text, "annotations": []})
         if isinstance(message.get("refusal"), str) and message["refusal"]:
             content.append({"type": "refusal", "refusal": message["refusal"]})
         if content:
             out.append({"type": "message", "role": "assistant", "content": content})
-        calls = message.get("tool_calls")
-        for call in calls if isinstance(calls, list) else []:
-            if isinstance(call, dict):
-                function = call.get("function")
-                function = function if isinstance(function, dict) else {}
-                out.append(
-                    {
-                        "type": "function_call",
-                        "call_id": call.get("id"),
-                        "name": function.get("name"),
-                        "arguments": function.get("arguments"),
-                    }
-                )
+        for call in calls_of(message):
+            out.append(
+                {"type": "function_call", "call_id": call.id, "name": call.name, "arguments": call.arguments}
+            )
     else:
         out.append({"type": "message", "role": "user", "content": _input_content(message.get("content"))})
     out.extend(_kept(message, "trailing_items"))
@@ -164,7 +150,7 @@ def answer_message(output: JSON) -> JSONObject | None:
         return messages[0]
     merged: JSONObject = {
         "role": "assistant",
-        "content": "".join(_text(m.get("content")) for m in messages) or None,
+        "content": "".join(text_of(m.get("content")) for m in messages) or None,
     }
     calls: list[JSON] = [c for m in messages for c in _kept(m, "tool_calls")]
     if calls:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from gateway.inbound.chat_form import call_delta, calls_of, text_of
 from gateway.ports import JSON, JSONObject
 
 _ECHOED = (
@@ -110,14 +111,6 @@ def usage(chat_usage: JSON) -> JSONObject | None:
     }
 
 
-def _text(content: JSON) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
-
-
 def message_item(item_id: str, text: str, status: str = "completed") -> JSONObject:
     part: JSONObject = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": [part]}
@@ -148,35 +141,25 @@ def response_from_chat(completion: JSONObject, shell: Shell) -> JSONObject:
     message = choice.get("message")
     message = message if isinstance(message, dict) else {}
     output: list[JSON] = []
-    text = _text(message.get("content"))
+    key = shell.id.removeprefix("resp_")
+    text = text_of(message.get("content"))
     if text:
-        output.append(message_item(f"msg_{shell.id.removeprefix('resp_')}", text))
+        output.append(message_item(f"msg_{key}", text))
     refusal = message.get("refusal")
     if isinstance(refusal, str) and refusal:
         refused: JSONObject = {"type": "refusal", "refusal": refusal}
         output.append(
             {
                 "type": "message",
-                "id": f"msg_{shell.id.removeprefix('resp_')}_r",
+                "id": f"msg_{key}_r",
                 "status": "completed",
                 "role": "assistant",
                 "content": [refused],
             }
         )
-    calls = message.get("tool_calls")
-    for index, call in enumerate(calls if isinstance(calls, list) else []):
-        if isinstance(call, dict):
-            function = call.get("function")
-            function = function if isinstance(function, dict) else {}
-            call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{index}"
-            output.append(
-                call_item(
-                    f"fc_{shell.id.removeprefix('resp_')}_{index}",
-                    str(call_id),
-                    str(function.get("name") or ""),
-                    str(function.get("arguments") or ""),
-                )
-            )
+    for index, call in enumerate(calls_of(message)):
+        call_id = call.id or f"call_{index}"
+        output.append(call_item(f"fc_{key}_{index}", call_id, call.name, call.arguments))
     model = completion.get("model")
     response = shell.response(
         "completed", output, usage(completion.get("usage")), model if isinstance(model, str) else None
@@ -316,28 +299,23 @@ class ResponsesStream:
             out += self._close()
         return out
 
-    def _call(self, call: JSONObject) -> list[bytes]:
+    def _call(self, part: JSONObject) -> list[bytes]:
         out: list[bytes] = []
-        position = call.get("index")
-        position = position if isinstance(position, int) else len(self._calls)
-        function = call.get("function")
-        function = function if isinstance(function, dict) else {}
+        position, call = call_delta(part, len(self._calls))
         if position not in self._calls:
-            call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{position}"
             item = call_item(
-                f"fc_{self._key}_{position}", str(call_id), str(function.get("name") or ""), "", "in_progress"
+                f"fc_{self._key}_{position}", call.id or f"call_{position}", call.name, "", "in_progress"
             )
             out += self._open_item(item)
             self._calls[position] = len(self._output)
         elif self._open is None or self._calls[position] != len(self._output):
             return out  # a late fragment of a call already closed
-        arguments = function.get("arguments")
-        if isinstance(arguments, str) and arguments and self._open is not None:
-            self._open["arguments"] = str(self._open["arguments"]) + arguments
+        if call.arguments and self._open is not None:
+            self._open["arguments"] = str(self._open["arguments"]) + call.arguments
             data: JSONObject = {
                 "item_id": self._open["id"],
                 "output_index": len(self._output),
-                "delta": arguments,
+                "delta": call.arguments,
             }
             out.append(self._emit("response.function_call_arguments.delta", data))
         return out
