@@ -681,6 +681,7 @@ def test_memory_is_learnt_and_recalled_through_every_front_door(
     remembering.client().responses.create(
         model="gpt-4o-mini", user="ana", input="Which pgbouncer pool mode suits our billing database?"
     )
+    # Korean comes as a standing preference, or within the profile if the profile job read it.
     assert "Postgres 16 with pgbouncer" in injected(upstream) and "Korean" in injected(upstream)
     remembering.anthropic().messages.create(
         model="claude-sonnet-4-5",

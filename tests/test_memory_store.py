@@ -420,7 +420,12 @@ def test_memory_migrations_apply_over_a_database_at_0003(
             patch.setattr(migrations, "MIGRATIONS", earlier)
             assert migrations.migrate(engine) == [name for name, _ in earlier]
         assert "memories" not in inspect(engine).get_table_names()
-        assert migrations.migrate(engine) == ["0004_memories", "0005_memory_profiles", "0006_responses"]
+        assert migrations.migrate(engine) == [
+            "0004_memories",
+            "0005_memory_profiles",
+            "0006_responses",
+            "0007_profile_covered",
+        ]
         tables = set(inspect(engine).get_table_names())
         assert {"memories", "memory_sources", "memory_cursors", "memory_profiles"} <= tables
         assert migrations.migrate(engine) == []
@@ -462,14 +467,15 @@ def test_a_link_racing_a_delete_leaves_no_orphan(sql: SqlStore, store: SqlMemory
 def test_profile_keeps_the_job_text_and_the_users_edit_apart(store: SqlMemoryStore) -> None:
     async def scenario() -> None:
         assert await store.profile("acme", "u1") is None
-        await store.save_profile("acme", "u1", generated="## Style\n- terse", memories=3)
+        terse = [memory("Ana likes terse answers."), memory("Ana writes Go.")]
+        await store.save_profile("acme", "u1", generated="## Style\n- terse", memories=terse)
         edited = await store.edit_profile("acme", "u1", "Ana likes detail.")
         assert (edited.generated, edited.edited, edited.shown) == (
             "## Style\n- terse",
             "Ana likes detail.",
             "Ana likes detail.",
         )
-        await store.save_profile("acme", "u1", generated="## Style\n- verbose", memories=4)
+        await store.save_profile("acme", "u1", generated="## Style\n- verbose", memories=terse)
         again = await store.profile("acme", "u1")
         assert (
             again is not None
@@ -477,8 +483,16 @@ def test_profile_keeps_the_job_text_and_the_users_edit_apart(store: SqlMemorySto
             and again.generated == "## Style\n- verbose"
         )
         assert again.generated_at is not None and again.generated_at.tzinfo is not None
+        assert again.memories == 2
+        # While the user's edit is shown, it covers what was known when they made it.
+        assert again.covers(terse[0]) and not again.covers(memory("Ana moved.", minutes=10**6))
         reset = await store.edit_profile("acme", "u1", None)
         assert reset.shown == "## Style\n- verbose" and reset.edited_at is None
+        # The generated text covers exactly the memories it was written from, as they read then: one
+        # committed while the model wrote it, or one changed since, is not covered.
+        assert reset.covers(terse[0]) and reset.covers(terse[1])
+        assert not reset.covers(memory("Ana prefers Korean."))
+        assert not reset.covers(replace(terse[0], content="Ana likes long answers."))
         assert await store.profile("globex", "u1") is None and await store.profile("acme", "u2") is None
         await store.delete_user("acme", "u1")
         assert await store.profile("acme", "u1") is None

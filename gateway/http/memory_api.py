@@ -321,7 +321,8 @@ async def delete_memory(request: Request) -> Response:
 def _profile_out(tenant: str, user: str, profile: Profile | None) -> dict[str, object]:
     if profile is None:
         profile = Profile(tenant, user, None, None, 0, None, None)
-    return {"object": "memory.profile", **asdict(profile), "shown": profile.shown}
+    fields = {k: v for k, v in asdict(profile).items() if k != "covered"}  # internal bookkeeping
+    return {"object": "memory.profile", **fields, "shown": profile.shown}
 
 
 async def get_profile(request: Request) -> Response:
@@ -347,7 +348,7 @@ async def _profile_changed(request: Request, tenant: str, user: str, *, stale: b
     if service is None or not caller.tenant.config.memory.profile:
         return
     if stale:
-        await service.store.save_profile(tenant, user, generated=None, memories=0)
+        await service.store.save_profile(tenant, user, generated=None)
     if learns(caller.tenant.config):
         await deps.jobs.enqueue(profile_job(tenant, user, None))
         deps.workers.notify()

@@ -46,10 +46,12 @@ class ProfileHandler:
             job.tenant, MemoryFilter(user_id, scopes=(USER_SCOPE,), limit=PROFILE_SOURCE_MEMORIES)
         )
         if not known:
-            await self.memories.save_profile(job.tenant, user_id, generated=None, memories=0)
+            await self.memories.save_profile(job.tenant, user_id, generated=None)
             return
         name = target.config.model or (model if isinstance(model, str) else "")
         request = profile_request(name, known, target.config.profile_tokens)
         text = await ask(target.upstream, request, _document, self.stats)
-        await self.memories.save_profile(job.tenant, user_id, generated=text, memories=len(known))
+        # The profile records what it was written from: a memory committed while the model wrote it is
+        # not covered, so the memory section still shows it beside the profile.
+        await self.memories.save_profile(job.tenant, user_id, generated=text, memories=known)
         log.info("profile of %s rewritten from %d memories", user_id, len(known))

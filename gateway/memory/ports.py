@@ -57,9 +57,14 @@ class MemoryStore(Protocol):
     async def profile(self, tenant: str, user_id: str) -> Profile | None: ...
 
     async def save_profile(
-        self, tenant: str, user_id: str, *, generated: str | None = None, memories: int = 0
+        self,
+        tenant: str,
+        user_id: str,
+        *,
+        generated: str | None = None,
+        memories: Sequence[Memory] = (),
     ) -> None:
-        """Store the job's text (the user's own edit, if any, is left as it is)."""
+        """Store the job's text, written from `memories` (the user's own edit, if any, is left as it is)."""
         ...
 
     async def edit_profile(self, tenant: str, user_id: str, edited: str | None) -> Profile:

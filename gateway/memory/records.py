@@ -94,10 +94,24 @@ class Profile:
     memories: int  # active memories the generated text was written from
     generated_at: datetime | None
     edited_at: datetime | None
+    # `covers(memory)` keys of the memories the generated text was written from (as they read then)
+    covered: frozenset[str] = frozenset()
 
     @property
     def shown(self) -> str | None:
         return self.edited if self.edited is not None else self.generated
+
+    @staticmethod
+    def key(memory: Memory) -> str:
+        return f"{memory.id}:{memory.hash}"
+
+    def covers(self, memory: Memory) -> bool:
+        """Whether the shown text already says what `memory` says: the user's own edit covers what was
+        known when they made it; the generated text, exactly the memories (and contents) it was written
+        from, whatever was committed while the model wrote it."""
+        if self.edited is not None and self.edited_at is not None:
+            return memory.updated_at <= self.edited_at
+        return self.key(memory) in self.covered
 
 
 @dataclass(frozen=True, slots=True)

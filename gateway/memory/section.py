@@ -145,10 +145,9 @@ class MemorySection:
             degraded(profile(), None),
             degraded(search(), nothing),
         )
-        if user_profile is not None:
-            # The profile covers the user's own standing memories up to when it was written or edited.
-            written = max(t for t in (user_profile.generated_at, user_profile.edited_at) if t is not None)
-            standing = [m for m in standing if m.scope != USER_SCOPE or m.updated_at > written]
+        if user_profile is not None and user_profile.shown:
+            # What the profile already says is not repeated (it covers only the user's own scope).
+            standing = [m for m in standing if m.scope != USER_SCOPE or not user_profile.covers(m)]
         shown = {m.id for m in standing}
         now = datetime.now(UTC)
         relevant: list[_Ranked] = []

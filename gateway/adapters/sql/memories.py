@@ -8,6 +8,7 @@ from functools import partial
 from typing import TypeVar
 
 import anyio
+import orjson
 from sqlalchemy import (
     ColumnElement,
     Connection,
@@ -224,9 +225,20 @@ class SqlMemoryStore:
         return await self._run(run)
 
     async def save_profile(
-        self, tenant: str, user_id: str, *, generated: str | None = None, memories: int = 0
+        self,
+        tenant: str,
+        user_id: str,
+        *,
+        generated: str | None = None,
+        memories: Sequence[Memory] = (),
     ) -> None:
-        values = {"generated": generated, "memories": memories, "generated_at": utcnow()}
+        covered = orjson.dumps(sorted(Profile.key(m) for m in memories)).decode()
+        values = {
+            "generated": generated,
+            "memories": len(memories),
+            "generated_at": utcnow(),
+            "covered": covered,
+        }
         await self._run(partial(self._upsert_profile, tenant, user_id, values))
 
     async def edit_profile(self, tenant: str, user_id: str, edited: str | None) -> Profile:
@@ -382,4 +394,5 @@ def _profile(row: RowMapping) -> Profile:
         int(row["memories"] or 0),
         aware(row["generated_at"]),
         aware(row["edited_at"]),
+        frozenset(orjson.loads(row["covered"])) if row["covered"] else frozenset(),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import Engine
 from sqlmodel import SQLModel
 
@@ -59,6 +59,13 @@ def _responses(connection: Connection) -> None:
     )
 
 
+def _profile_covered(connection: Connection) -> None:
+    # A database created at 0005 or later already has it (the table is created from the current model).
+    columns = {c["name"] for c in inspect(connection).get_columns(str(MemoryProfileRow.__tablename__))}
+    if "covered" not in columns:
+        connection.execute(text("ALTER TABLE memory_profiles ADD COLUMN covered TEXT"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     ("0001_conversations_messages_requests", _initial),
     ("0002_jobs", _jobs),
@@ -66,6 +73,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ("0004_memories", _memories),
     ("0005_memory_profiles", _memory_profiles),
     ("0006_responses", _responses),
+    ("0007_profile_covered", _profile_covered),
 )
 
 # Serialises migrations between gateway replicas starting together on one Postgres.

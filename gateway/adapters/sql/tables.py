@@ -232,6 +232,8 @@ class MemoryProfileRow(SQLModel, table=True):
         default=None, sa_column=Column(DateTime(timezone=True), nullable=True)
     )
     edited_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True), nullable=True))
+    # JSON list of Profile.key() of the memories the generated text was written from (migration 0007).
+    covered: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class ResponseRow(SQLModel, table=True):
