@@ -55,6 +55,7 @@ from gateway.records import (
     IndexBacklog,
     embed_key_prefix,
 )
+from gateway.telemetry.metrics import Metrics
 from gateway.tenants import Tenant, TenantRegistry
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class Deps:
     workers: WorkerPool  # started and stopped by the app lifespan; `workers.register(kind, handler)`
     tokenizers: Tokenizers
     responses: ResponseStore  # the Responses API's stored responses
+    metrics: Metrics  # GET /metrics
     counters: Counters = field(default_factory=Counters)
     indexes: dict[str, IndexTarget] = field(default_factory=dict)  # tenant -> its retrieval index
     memories: MemoryStore | None = None
@@ -453,7 +455,8 @@ def build_deps(
     }
     all_handlers.update(handlers or {})
     jobs = sql.jobs
-    workers = WorkerPool(jobs, all_handlers, config.jobs)
+    metrics = Metrics(counters)
+    workers = WorkerPool(jobs, all_handlers, config.jobs, observe=metrics.job)
     # Jobs this process enqueues (with the messages that cause them) start without waiting for a poll.
     jobs.add_listener(workers.notify)
     return Deps(
@@ -464,6 +467,7 @@ def build_deps(
         workers=workers,
         tokenizers=tokenizers,
         responses=SqlResponseStore(sql.engine),
+        metrics=metrics,
         counters=counters,
         indexes=indexes,
         memories=memories,

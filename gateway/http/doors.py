@@ -56,6 +56,7 @@ class Relay(Protocol):
 
 
 class Door(Protocol):
+    route: str  # the path it serves (the `route` label of its metrics)
     # Whether the model's memory_search calls can be answered on this door (a chat-completions upstream).
     answers_tools: bool
 
@@ -157,6 +158,8 @@ class _ChatUpstream:
 class ChatDoor(_ChatUpstream):
     """`/v1/chat/completions`: the pipeline's own form; nothing is converted."""
 
+    route = "/v1/chat/completions"
+
     async def parse(self, raw: bytes) -> Parsed:
         return Parsed(parse_chat_request(raw), raw)
 
@@ -173,6 +176,7 @@ class ChatDoor(_ChatUpstream):
 class _AnthropicDoor:
     """What both `/v1/messages` doors share: Anthropic's request checks, headers and error shape."""
 
+    route = "/v1/messages"
     persists_first = False
     native = False
 
@@ -288,6 +292,7 @@ class ResponsesDoor(_ChatUpstream):
     upstream. With `store` (the default) the response is saved before the client sees its end.
     """
 
+    route = "/v1/responses"
     translates = True
 
     def __init__(self, responses: ResponseStore, tenant: str, request_id: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import orjson
 from starlette.background import BackgroundTask
@@ -71,15 +72,40 @@ def error_response(door: Door, exc: GatewayError, request_id: str | None) -> Res
     return Response(door.error(exc), status_code=exc.status, media_type="application/json")
 
 
+@dataclass(slots=True)
+class _Tally:
+    """What the request's metrics need, filled in as the exchange goes."""
+
+    deps: Deps
+    route: str
+    tenant: str
+    call: ChatCall | None = None
+    timings: tuple[float, float] | None = None  # gateway overhead, upstream (seconds)
+
+    def done(self, status: int) -> None:
+        call = self.call
+        stream = call.stream if call is not None else False
+        report = call.state.report if call is not None else None
+        self.deps.metrics.request(self.route, self.tenant, status, stream, self.timings, report)
+
+
 async def exchange(request: Request, door: Door, max_body_bytes: int) -> Response | RelayResponse:
     """Errors the gateway raises come back in the door's own shape."""
+    caller: Caller = request.scope["caller"]
+    tally = _Tally(request.state.deps, door.route, caller.tenant.name)
     try:
-        return await _exchange(request, door, max_body_bytes)
+        response = await _exchange(request, door, max_body_bytes, tally)
     except GatewayError as exc:
+        tally.done(exc.status)
         return error_response(door, exc, request.scope.get("request_id"))
+    if isinstance(response, Response):
+        tally.done(response.status_code)
+    return response
 
 
-async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Response | RelayResponse:
+async def _exchange(
+    request: Request, door: Door, max_body_bytes: int, tally: _Tally
+) -> Response | RelayResponse:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
     deps.counters.chat_requests += 1
@@ -92,6 +118,7 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
         headers=door.upstream_headers(to_upstream(request.scope["headers"], chat=True)),
         started=request.scope["started"],
     )
+    tally.call = call
     tenant = caller.tenant
     pipeline = tenant.pipeline
     payload = await pipeline.prepare(call)
@@ -124,12 +151,14 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
 
     if call.stream and response.status == 200 and content_type.startswith("text/event-stream"):
         relay = door.relay(response, persist_first if early else None)
+        overhead = overhead_header(request, waited)
         headers = [
             *to_client(response.headers, decoded=True),
             *parsed.headers,
             *_context_headers(call),
-            overhead_header(request, waited),
+            overhead,
         ]
+        tally.timings = (float(overhead[1]) / 1000, waited)
 
         async def on_close(disconnected: bool) -> None:
             await response.close()
@@ -137,6 +166,7 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
             if outcome.client_disconnected:
                 deps.counters.client_disconnects += 1
             await persist(outcome)
+            tally.done(response.status)
 
         return RelayResponse(relay.frames(), response.status, headers, on_close)
 
@@ -169,12 +199,9 @@ async def _exchange(request: Request, door: Door, max_body_bytes: int) -> Respon
     upstream_seconds = time.perf_counter() - sent
     outcome = door.outcome(status, body)
     status, body = door.answer(status, body)
-    headers = [
-        *to_client(response.headers, decoded=True),
-        *parsed.headers,
-        *_context_headers(call),
-        overhead_header(request, upstream_seconds),
-    ]
+    overhead = overhead_header(request, upstream_seconds)
+    headers = [*to_client(response.headers, decoded=True), *parsed.headers, *_context_headers(call), overhead]
+    tally.timings = (float(overhead[1]) / 1000, upstream_seconds)
     done = None
     if early:
         await persist_first(outcome)

@@ -26,6 +26,7 @@ from gateway.http.exchange import count_message_tokens, exchange, overhead_heade
 from gateway.http.headers import to_client, to_upstream
 from gateway.http.memory_api import memory_routes
 from gateway.http.streaming import RelayResponse
+from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.tenants import Caller
 from gateway.wiring import Deps
 
@@ -108,6 +109,12 @@ class Endpoints:
 
         return RelayResponse(chunks(), response.status, headers, on_close)
 
+    async def metrics(self, request: Request) -> Response:
+        """Prometheus text format; the queue counts are left out (not wrong) when the store is down."""
+        deps: Deps = request.state.deps
+        queue = await deps.job_counts()
+        return Response(deps.metrics.exposition(queue or {}), media_type=METRICS_CONTENT_TYPE)
+
     async def healthz(self, request: Request) -> Response:
         deps: Deps = request.state.deps
         body = {
@@ -146,4 +153,5 @@ def routes(max_body_bytes: int) -> list[Route]:
         Route("/v1/responses/{response_id}", endpoints.stored_response, methods=["GET", "DELETE"]),
         Route("/v1/{path:path}", _Asgi(endpoints.passthrough), methods=_ALL_METHODS),
         Route("/healthz", endpoints.healthz, methods=["GET"]),
+        Route("/metrics", endpoints.metrics, methods=["GET"]),
     ]

@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -40,6 +40,10 @@ class JobHandler(Protocol):
 def retry_delay(config: JobsConfig, attempts: int) -> float:
     """Seconds before the next try after `attempts` failed ones: base * 2**(attempts-1), capped."""
     return min(config.retry_base_seconds * 2.0 ** min(attempts - 1, _MAX_DOUBLINGS), config.retry_max_seconds)
+
+
+# Told of every run: (kind, outcome: done, retried, failed or lost, seconds the handler ran, if it ran).
+JobObserver = Callable[[str, str, float | None], None]
 
 
 @dataclass(slots=True)
@@ -72,10 +76,12 @@ class WorkerPool:
         config: JobsConfig | None = None,
         *,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        observe: JobObserver | None = None,
     ) -> None:
         self.queue = queue
         self.config = config or JobsConfig()
         self.stats = WorkerStats()
+        self._observe = observe
         self._handlers: dict[str, JobHandler] = dict(handlers or {})
         self._grace_seconds = grace_seconds
         # host and pid say where a lease came from; the token keeps two pools in one process apart.
@@ -185,9 +191,11 @@ class WorkerPool:
             error = f"gave up: {job.attempts - 1} attempts ended without a result (lease expired)"
             log.error("job %s (%s) failed for good: %s", job.id, job.kind, error)
             self.stats.failed += 1
+            self._observed(job, "failed", None)
             await self.queue.fail(job, worker, error, None)
             return
         handler = self._handlers[job.kind]
+        started = time.perf_counter()
         try:
             # A handler outliving its lease could run twice at once; stop it when the lease ends.
             async with asyncio.timeout(self.config.lease_seconds) as deadline:
@@ -195,17 +203,26 @@ class WorkerPool:
         except Exception as exc:  # any handler failure is recorded on the job and retried, never lost
             expired = deadline.expired()
             error = f"timed out after {self.config.lease_seconds:g}s" if expired else _describe(exc)
-            await self._record_failure(worker, job, error, exc)
+            await self._record_failure(worker, job, error, exc, time.perf_counter() - started)
             return
+        seconds = time.perf_counter() - started
         if await self.queue.complete(job, worker):
             self.stats.done += 1
+            self._observed(job, "done", seconds)
         else:
             self.stats.lost += 1
+            self._observed(job, "lost", seconds)
             log.warning(
                 "job %s (%s) finished after its lease was taken over; result dropped", job.id, job.kind
             )
 
-    async def _record_failure(self, worker: str, job: Job, error: str, exc: Exception) -> None:
+    def _observed(self, job: Job, outcome: str, seconds: float | None) -> None:
+        if self._observe is not None:
+            self._observe(job.kind, outcome, seconds)
+
+    async def _record_failure(
+        self, worker: str, job: Job, error: str, exc: Exception, seconds: float
+    ) -> None:
         if job.attempts >= self.config.max_attempts:
             log.error(
                 "job %s (%s) failed for good after %d attempts: %s",
@@ -216,6 +233,7 @@ class WorkerPool:
                 exc_info=exc,
             )
             self.stats.failed += 1
+            self._observed(job, "failed", seconds)
             await self.queue.fail(job, worker, error, None)
             return
         delay = retry_delay(self.config, job.attempts)
@@ -224,6 +242,7 @@ class WorkerPool:
             job.id, job.kind, job.attempts, delay, error, exc_info=exc,
         )  # fmt: skip
         self.stats.retried += 1
+        self._observed(job, "retried", seconds)
         await self.queue.fail(job, worker, error, delay)
 
 

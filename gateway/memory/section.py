@@ -77,9 +77,7 @@ class MemorySection:
         return RELEVANT.get(model, DEFAULT_RELEVANT)
 
     async def plan(self, build: BuildInput) -> int:
-        started = time.perf_counter()
-        found = await self._find(build)
-        found.detail["ms"] = round((time.perf_counter() - started) * 1000, 3)
+        found = await self._find(build)  # the builder reports the section's time ("ms")
         build.memo[self.name] = found
         return self.allowance if found.standing or found.relevant or found.profile else 0
 

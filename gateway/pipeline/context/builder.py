@@ -8,6 +8,7 @@ Whole exchanges are kept or cut, never text. Every build leaves a ContextReport 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -78,7 +79,7 @@ class ContextBuilder:
         smallest = max(int(share * WINDOW_FLOOR), pinned)
         # Sections plan against that window (retrieval searches what lies before it).
         build = replace(build, window=(await window.propose(build, smallest)).messages)
-        wanted = [await section.plan(build) for section in self.sections]
+        wanted, planned = await _plan(build, self.sections)
         # A section that asks for more than its default (retrieval, for a question about the past) takes
         # the extra from the window's share, down to the smallest window; the summary keeps its share.
         extra = sum(max(w - s.allowance, 0) for w, s in zip(wanted, self.sections, strict=True)) * scale
@@ -86,7 +87,7 @@ class ContextBuilder:
         spare = available - reserved  # the window always keeps its own share
         # What the window keeps at that share: the other sections work on what lies before it.
         build = replace(build, window=(await window.propose(build, reserved)).messages)
-        injected, reported = await self._propose(build, wanted, scale, spare)
+        injected, reported = await self._propose(build, wanted, planned, scale, spare)
         block, block_tokens = self._block(injected, reported, tokenizer, available)
         floor = _window_floor(history, injected)
         window_proposal = await window.propose(
@@ -101,7 +102,7 @@ class ContextBuilder:
             )
             if len(grown.messages) > len(window_proposal.messages):
                 build = replace(build, window=grown.messages, above=[])
-                injected, reported = await self._propose(build, wanted, scale, spare)
+                injected, reported = await self._propose(build, wanted, planned, scale, spare)
                 block, block_tokens = self._block(injected, reported, tokenizer, available)
                 floor = _window_floor(history, injected)
                 window_proposal = await window.propose(
@@ -155,8 +156,8 @@ class ContextBuilder:
         history, current = split_current(state.items[leading:])
         build = BuildInput(call, tokenizer, state.items[:leading], history, current, window=history)
         room = budget.input_tokens - original
-        wanted = [await section.plan(build) for section in self.always]
-        injected, reported = await self._propose(build, wanted, 1.0, room, self.always)
+        wanted, planned = await _plan(build, self.always)
+        injected, reported = await self._propose(build, wanted, planned, 1.0, room, self.always)
         block, block_tokens = self._block(injected, reported, tokenizer, room)
         if block is None:
             return None
@@ -177,6 +178,7 @@ class ContextBuilder:
         self,
         build: BuildInput,
         wanted: list[int],
+        planned: list[float],
         scale: float,
         spare: int,
         sections: Sequence[Section] | None = None,
@@ -186,17 +188,21 @@ class ContextBuilder:
         carry = 0
         injected: list[tuple[str, Proposal]] = []
         reported: dict[str, JSONObject] = {}
-        for section, want in zip(self.sections if sections is None else sections, wanted, strict=True):
+        chosen = self.sections if sections is None else sections
+        for section, want, plan_seconds in zip(chosen, wanted, planned, strict=True):
             # Its own scaled share plus what higher sections left; never the window's reserved share.
             allowance = max(min(int(want * scale) + carry, spare), 0)
+            started = time.perf_counter()
             proposal = await section.propose(build, allowance)
+            seconds = plan_seconds + time.perf_counter() - started
             used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
-            # Every section reports, even one that proposed nothing (its detail says why).
+            # Every section reports, even one that proposed nothing (its detail says why), and its time.
             reported[section.name] = {
                 "tokens": used,
                 "asked": want,
                 "allowance": allowance,
                 **proposal.detail,
+                "ms": round(seconds * 1000, 3),
             }
             if used:
                 injected.append((section.name, proposal))
@@ -251,6 +257,17 @@ def _covered_tokens(injected: list[tuple[str, Proposal]]) -> int:
 
 def known_tokens(items: list[HistoryItem]) -> int:
     return sum(item.tokens or 0 for item in items)
+
+
+async def _plan(build: BuildInput, sections: Sequence[Section]) -> tuple[list[int], list[float]]:
+    """What each section asks for, and how long it took to find out (its searches run here)."""
+    wanted: list[int] = []
+    seconds: list[float] = []
+    for section in sections:
+        started = time.perf_counter()
+        wanted.append(await section.plan(build))
+        seconds.append(time.perf_counter() - started)
+    return wanted, seconds
 
 
 def _leading_system(items: list[HistoryItem]) -> int:

@@ -1,0 +1,1 @@
+"""What the gateway tells operators about itself: Prometheus metrics (`metrics.py`)."""
