@@ -11,6 +11,7 @@ import click
 
 from gateway.config import GatewayConfig, load_config, parse_config
 from gateway.errors import ConfigError
+from gateway.telemetry.logs import configure as configure_logging
 
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 
@@ -64,9 +65,7 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
         config = resolve_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
-    logging.basicConfig(
-        level=config.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(config.server.log_level, config.server.log_format)
     if not (config_path or os.environ.get("GATEWAY_CONFIG")):
         click.echo("No --config given: forwarding to OpenAI with each client's own API key.", err=True)
     uvicorn.run(
@@ -74,6 +73,7 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
         host=host or config.server.host,
         port=port or config.server.port,
         log_level=config.server.log_level,
+        log_config=None,  # uvicorn's own loggers go through the gateway's handler (text or json)
         access_log=False,
         loop="uvloop",
         http="httptools",

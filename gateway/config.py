@@ -36,6 +36,8 @@ class ServerConfig(_Frozen):
     port: int = Field(default=8080, ge=1, le=65535)
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # text: "time level logger: message"; json: one JSON object per line (request lines with their fields)
+    log_format: Literal["text", "json"] = "text"
 
 
 class StorageConfig(_Frozen):

@@ -3,7 +3,14 @@ must move with the traffic the official SDKs send, and README must list every me
 
 from __future__ import annotations
 
+import json
+import logging
 import re
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.fakes.openai_upstream import Reply
 from gateway.metrics import Counters
+from gateway.telemetry.logs import JsonFormatter
 from gateway.telemetry.metrics import Metrics
 from tests.conftest import Gateway, Upstream, recorded, tenant, wait_for_jobs
 
@@ -108,7 +116,7 @@ def test_context_sections_report_their_time(upstream: Upstream, make_gateway: Ca
 def test_every_metric_is_documented() -> None:
     """README's "Metrics" section names each metric family the gateway exports."""
     text = README.read_text()
-    section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## Metrics and logs", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"`(gateway_[a-z_]+)`", section))
     exported = {
         family.name + ("_total" if family.type == "counter" else "")
@@ -117,3 +125,61 @@ def test_every_metric_is_documented() -> None:
     assert exported, "no metrics exported"
     assert exported - documented == set(), "undocumented metrics"
     assert documented - exported == set(), "documented metrics that do not exist"
+
+
+def test_one_log_line_per_request_with_ids_and_numbers_but_no_keys_or_text(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.requests")
+    raw = gateway.client().chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "My secret plan is AZURE-FALCON."}],
+        extra_headers={"X-User-Id": "u-log"},
+    )
+    recorded(gateway, raw.headers["x-gateway-request-id"])
+    lines = [r for r in caplog.records if r.name == "gateway.requests"]
+    assert len(lines) == 1
+    line = json.loads(JsonFormatter().format(lines[0]))
+    assert line["message"] == "request" and line["level"] == "info"
+    assert line["id"] == raw.headers["x-gateway-request-id"]
+    assert line["tenant"] == "acme" and line["route"] == "/v1/chat/completions" and line["status"] == 200
+    assert line["conversation"] == raw.headers["x-conversation-id"] and line["user"] == "u-log"
+    assert line["tokens_sent"] > 0 and line["overhead_ms"] >= 0 and line["upstream_ms"] >= 0
+    text = json.dumps(line) + lines[0].getMessage()
+    assert "AZURE-FALCON" not in text and "sk-gw-acme" not in text and "sk-upstream" not in text
+
+
+def test_the_served_gateway_writes_json_log_lines(upstream: Upstream, tmp_path: Path) -> None:
+    """`context-gateway serve` with `server.log_format: json`: every line on stderr is a JSON object, and
+    the request's line carries its fields."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = {
+        "server": {"log_format": "json", "log_level": "info"},
+        "storage": {"database_url": f"sqlite:///{tmp_path}/g.db", "data_dir": str(tmp_path / "data")},
+        "tenants": [tenant("acme", upstream.base_url)],
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)]
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.2)
+            client = openai.OpenAI(
+                base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-gw-acme", max_retries=0
+            )
+            client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Log me."}])
+        finally:
+            process.send_signal(signal.SIGINT)
+            _, errors = process.communicate(timeout=30)
+    lines = [json.loads(line) for line in errors.splitlines() if line.strip()]
+    requests = [line for line in lines if line.get("logger") == "gateway.requests"]
+    assert len(requests) == 1 and requests[0]["status"] == 200 and requests[0]["tenant"] == "acme"
+    assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines)

@@ -24,6 +24,7 @@ from gateway.memory.scope import incognito
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.forward import buffered_outcome
 from gateway.ports import JSONObject
+from gateway.telemetry.logs import log_request
 from gateway.tenants import Caller
 from gateway.wiring import Deps
 
@@ -79,6 +80,7 @@ class _Tally:
     deps: Deps
     route: str
     tenant: str
+    request_id: str
     call: ChatCall | None = None
     timings: tuple[float, float] | None = None  # gateway overhead, upstream (seconds)
 
@@ -87,12 +89,30 @@ class _Tally:
         stream = call.stream if call is not None else False
         report = call.state.report if call is not None else None
         self.deps.metrics.request(self.route, self.tenant, status, stream, self.timings, report)
+        state = call.state if call is not None else None
+        overhead, upstream = self.timings if self.timings is not None else (None, None)
+        log_request(
+            {
+                "id": self.request_id,
+                "tenant": self.tenant,
+                "route": self.route,
+                "status": status,
+                "stream": stream,
+                "model": call.body.get("model") if call is not None else None,
+                "conversation": state.conversation_id if state is not None else None,
+                "user": state.user_id if state is not None else None,
+                "tokens_original": state.original_tokens if state is not None else None,
+                "tokens_sent": state.sent_tokens if state is not None else None,
+                "overhead_ms": round(overhead * 1000, 3) if overhead is not None else None,
+                "upstream_ms": round(upstream * 1000, 1) if upstream is not None else None,
+            }
+        )
 
 
 async def exchange(request: Request, door: Door, max_body_bytes: int) -> Response | RelayResponse:
     """Errors the gateway raises come back in the door's own shape."""
     caller: Caller = request.scope["caller"]
-    tally = _Tally(request.state.deps, door.route, caller.tenant.name)
+    tally = _Tally(request.state.deps, door.route, caller.tenant.name, request.scope["request_id"])
     try:
         response = await _exchange(request, door, max_body_bytes, tally)
     except GatewayError as exc:
