@@ -1,4 +1,5 @@
-"""`context-gateway` command line: serve the gateway, or play the built-in demo."""
+"""`context-gateway` command line: serve the gateway, read what it stored (conversations, show, context,
+jobs), summarise now (compact), or play the built-in demo."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Iterable
 
 import click
 
@@ -107,6 +109,84 @@ def compact(
         click.echo("Nothing to summarise: everything is still inside the recent window.")
     else:
         click.echo(summary)
+
+
+CONFIG_OPTION = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), help="YAML config (or $GATEWAY_CONFIG)."
+)
+TENANT_OPTION = click.option("--tenant", required=True, help="The tenant whose data to read.")
+
+
+def _config(config_path: str | None) -> GatewayConfig:
+    try:
+        return resolve_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _echo_all(lines: Iterable[str]) -> None:
+    for line in lines:
+        click.echo(line)
+
+
+@main.command()
+@CONFIG_OPTION
+@TENANT_OPTION
+@click.option("--user", default=None, help="Only this user's conversations.")
+@click.option("--limit", default=50, show_default=True, help="How many, newest first.")
+def conversations(config_path: str | None, tenant: str, user: str | None, limit: int) -> None:
+    """List a tenant's conversations, newest first."""
+    from gateway import ops
+    from gateway.cli_views import conversation_rows
+
+    found = asyncio.run(ops.list_conversations(_config(config_path), tenant, user, limit))
+    _echo_all(conversation_rows(found))
+
+
+@main.command()
+@CONFIG_OPTION
+@TENANT_OPTION
+@click.argument("conversation_id")
+def show(config_path: str | None, tenant: str, conversation_id: str) -> None:
+    """Show a conversation as its message tree, branches drawn."""
+    from gateway import ops
+    from gateway.cli_views import tree_lines
+
+    try:
+        conversation, messages = asyncio.run(
+            ops.conversation_tree(_config(config_path), tenant, conversation_id)
+        )
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _echo_all(tree_lines(conversation, messages))
+
+
+@main.command()
+@CONFIG_OPTION
+@TENANT_OPTION
+@click.argument("request_id")
+def context(config_path: str | None, tenant: str, request_id: str) -> None:
+    """Show what a request sent upstream and why (its ContextReport)."""
+    from gateway import ops
+    from gateway.cli_views import context_lines
+
+    try:
+        record = asyncio.run(ops.request_record(_config(config_path), tenant, request_id))
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _echo_all(context_lines(record))
+
+
+@main.command()
+@CONFIG_OPTION
+@click.option("--tenant", default=None, help="Only this tenant's jobs (default: all).")
+def jobs(config_path: str | None, tenant: str | None) -> None:
+    """Background job counts by status, and the newest jobs that failed for good."""
+    from gateway import ops
+    from gateway.cli_views import job_lines
+
+    counts, failures = asyncio.run(ops.job_summary(_config(config_path), tenant))
+    _echo_all(job_lines(counts, failures))
 
 
 @main.command()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 
+from gateway.adapters.sql.jobs import JobState
+from gateway.adapters.sql.store import SqlStore
 from gateway.config import GatewayConfig
-from gateway.records import compact_job
+from gateway.records import Conversation, RequestRecord, StoredMessage, compact_job
 from gateway.wiring import build_deps
 
 
@@ -55,3 +58,43 @@ async def compact_now(
         return summaries[0].content if summaries else None
     finally:
         await deps.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _store(config: GatewayConfig) -> AsyncIterator[SqlStore]:
+    """The configured SQL store alone (no models, no index): what the read-only commands need."""
+    store = SqlStore.open(config.storage.database_url)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+async def list_conversations(
+    config: GatewayConfig, tenant: str, user_id: str | None, limit: int
+) -> list[Conversation]:
+    async with _store(config) as store:
+        return await store.list_conversations(tenant, limit=limit, user_id=user_id)
+
+
+async def conversation_tree(
+    config: GatewayConfig, tenant: str, conversation_id: str
+) -> tuple[Conversation, list[StoredMessage]]:
+    async with _store(config) as store:
+        conversation = await store.get_conversation(tenant, conversation_id)
+        if conversation is None:
+            raise LookupError(f"no conversation {conversation_id!r} for tenant {tenant!r}")
+        return conversation, await store.conversation_messages(tenant, conversation_id)
+
+
+async def request_record(config: GatewayConfig, tenant: str, request_id: str) -> RequestRecord:
+    async with _store(config) as store:
+        record = await store.get_request(tenant, request_id)
+    if record is None:
+        raise LookupError(f"no request {request_id!r} for tenant {tenant!r}")
+    return record
+
+
+async def job_summary(config: GatewayConfig, tenant: str | None) -> tuple[dict[str, int], list[JobState]]:
+    async with _store(config) as store:
+        return await store.jobs.counts(tenant), await store.jobs.failures(tenant)

@@ -326,6 +326,30 @@ class SqlJobQueue:
 
         return await self._run(run)
 
+    async def failures(self, tenant: str | None = None, limit: int = 20) -> list[JobState]:
+        """The newest jobs that failed for good, with their errors (the CLI's `jobs`)."""
+        query = (
+            select(_JOBS).where(_JOBS.c.status == "failed").order_by(_JOBS.c.updated_at.desc()).limit(limit)
+        )
+        if tenant is not None:
+            query = query.where(_JOBS.c.tenant == tenant)
+
+        def run() -> list[JobState]:
+            with self.engine.connect() as connection:
+                rows = connection.execute(query).mappings().all()
+            out = []
+            for row in rows:
+                fields = dict(row)
+                for name in ("run_after", "lease_until", "created_at", "updated_at"):
+                    if fields[name] is not None:
+                        fields[name] = _aware(fields[name])
+                out.append(
+                    JobState(**{k: v for k, v in fields.items() if k in JobState.__dataclass_fields__})
+                )
+            return out
+
+        return await self._run(run)
+
     async def prune(self, done_for_seconds: float) -> int:
         cutoff = utcnow() - timedelta(seconds=done_for_seconds)
 

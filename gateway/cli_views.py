@@ -1,0 +1,101 @@
+"""What the read-only CLI commands print: plain text built from store records (no I/O here)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from gateway.adapters.sql.jobs import JobState
+from gateway.inbound.chat_form import calls_of, text_of
+from gateway.ports import JSON
+from gateway.records import Conversation, RequestRecord, StoredMessage
+
+PREVIEW = 70
+
+
+def _preview(message: StoredMessage) -> str:
+    data = message.data
+    text = " ".join(text_of(data.get("content")).split())
+    calls = [c.name for c in calls_of(data)]
+    if calls:
+        text = (text + " " if text else "") + "-> " + ", ".join(calls)
+    return text if len(text) <= PREVIEW else text[: PREVIEW - 1] + "…"
+
+
+def conversation_rows(conversations: Sequence[Conversation]) -> Iterator[str]:
+    yield f"{'conversation':<32}  {'user':<20}  {'messages':>8}  updated"
+    for c in conversations:
+        user = c.user_id or "-"
+        yield f"{c.id:<32}  {user[:20]:<20}  {c.message_count:>8}  {c.updated_at:%Y-%m-%d %H:%M}"
+
+
+def tree_lines(conversation: Conversation, messages: Sequence[StoredMessage]) -> Iterator[str]:
+    """The message tree, branches drawn: each node's role, short id, tokens and text."""
+    yield f"conversation {conversation.id}  user {conversation.user_id or '-'}  {len(messages)} messages"
+    children: dict[str | None, list[StoredMessage]] = {}
+    for message in sorted(messages, key=lambda m: (m.node.depth, m.created_at)):
+        children.setdefault(message.node.parent_id, []).append(message)
+    known = {m.node.id for m in messages}
+    roots = [m for m in messages if m.node.parent_id is None or m.node.parent_id not in known]
+    stack: list[tuple[StoredMessage, str, bool]] = [(m, "", i == len(roots) - 1) for i, m in enumerate(roots)]
+    stack.reverse()
+    while stack:
+        message, prefix, last = stack.pop()
+        node = message.node
+        branch = "└─ " if last else "├─ "
+        yield f"{prefix}{branch}{node.role:<9} {node.id[:8]} ({node.token_count} tok) {_preview(message)}"
+        below = children.get(node.id, [])
+        inner = prefix + ("   " if last else "│  ")
+        # A single child continues the line: only branch points indent.
+        if len(below) == 1:
+            stack.append((below[0], prefix, last))
+        else:
+            stack.extend((child, inner, i == len(below) - 1) for i, child in reversed(list(enumerate(below))))
+
+
+def _ids(value: JSON) -> int:
+    return len(value) if isinstance(value, list) else 0
+
+
+def context_lines(record: RequestRecord) -> Iterator[str]:
+    """What a request sent upstream and why: the ContextReport, section by section."""
+    yield f"request {record.id}  {record.status} ({record.http_status})  model {record.model or '-'}"
+    yield f"conversation {record.conversation_id or '-'}  user {record.user_id or '-'}  stream {record.stream}"
+    report = record.report
+    if not report:
+        yield "no context report: the request was forwarded as sent (pass-through, or a step failed open)"
+        return
+    original, sent = report.get("original_tokens"), report.get("sent_tokens")
+    if isinstance(original, int) and isinstance(sent, int):
+        saved = f", {100 * (original - sent) / original:.0f}% saved" if original > sent > 0 else ""
+        yield f"tokens: {original} in the history, {sent} sent (budget {report.get('budget_tokens')}{saved})"
+    if report.get("unchanged"):
+        yield "the history fit the budget: sent as the client sent it"
+    sections = report.get("sections")
+    for name, detail in sections.items() if isinstance(sections, dict) else ():
+        if not isinstance(detail, dict):
+            continue
+        parts = [f"{detail.get('tokens', 0)} tok"]
+        if isinstance(detail.get("messages"), int):
+            parts.append(f"{detail['messages']} messages")
+        for key, label in (("message_ids", "retrieved messages"), ("memory_ids", "memories")):
+            if _ids(detail.get(key)):
+                parts.append(f"{_ids(detail.get(key))} {label}")
+        if isinstance(detail.get("ms"), int | float):
+            parts.append(f"{detail['ms']} ms")
+        for key in ("skipped", "reason"):
+            if isinstance(detail.get(key), str):
+                parts.append(str(detail[key]))
+        yield f"  {name:<10} " + ", ".join(parts)
+    cut = report.get("cut")
+    if isinstance(cut, dict) and cut.get("messages"):
+        yield f"cut: {cut['messages']} older messages ({cut.get('tokens')} tok) left out"
+    if record.usage:
+        yield f"usage: {record.usage.get('prompt_tokens')} prompt, {record.usage.get('completion_tokens')} completion"
+
+
+def job_lines(counts: dict[str, int], failures: Sequence[JobState]) -> Iterator[str]:
+    yield "jobs: " + ", ".join(f"{status} {count}" for status, count in counts.items())
+    if failures:
+        yield "failed for good (newest first):"
+    for job in failures:
+        yield f"  {job.updated_at:%Y-%m-%d %H:%M}  {job.kind:<15} {job.tenant:<12} {job.attempts} tries  {job.last_error}"
