@@ -189,6 +189,61 @@ def jobs(config_path: str | None, tenant: str | None) -> None:
     _echo_all(job_lines(counts, failures))
 
 
+@main.group()
+def memories() -> None:
+    """A user's long-term memories: list, export, delete (as the memory API does)."""
+
+
+@memories.command("list")
+@CONFIG_OPTION
+@TENANT_OPTION
+@click.option("--user", required=True, help="Whose memories.")
+@click.option("--limit", default=100, show_default=True, help="How many, newest first.")
+def memories_list(config_path: str | None, tenant: str, user: str, limit: int) -> None:
+    """The user's active memories: id, type, scope, content."""
+    from gateway import ops
+
+    try:
+        found = asyncio.run(ops.memories_of(_config(config_path), tenant, user, limit))
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for memory in found:
+        click.echo(f"{memory.id}  {memory.type:<11} {memory.scope:<12} {memory.content}")
+    click.echo(f"{len(found)} memories")
+
+
+@memories.command("export")
+@CONFIG_OPTION
+@TENANT_OPTION
+@click.option("--user", required=True, help="Whose memories.")
+def memories_export(config_path: str | None, tenant: str, user: str) -> None:
+    """Every memory of the user as JSON on stdout (what POST .../memories/import takes back)."""
+    import orjson
+
+    from gateway import ops
+
+    try:
+        document = asyncio.run(ops.export_memories(_config(config_path), tenant, user))
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
+
+
+@memories.command("delete")
+@CONFIG_OPTION
+@TENANT_OPTION
+@click.argument("memory_ids", nargs=-1, required=True)
+def memories_delete(config_path: str | None, tenant: str, memory_ids: tuple[str, ...]) -> None:
+    """Delete memories by id (their vectors too)."""
+    from gateway import ops
+
+    try:
+        count = asyncio.run(ops.delete_memories(_config(config_path), tenant, memory_ids))
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"deleted {count} of {len(memory_ids)}")
+
+
 @main.command()
 @click.option("--turns", default=6, show_default=True, help="How many scripted user turns to play.")
 def demo(turns: int) -> None:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import anyio
 
 from gateway.adapters.sql.jobs import JobState
 from gateway.adapters.sql.store import SqlStore
 from gateway.config import GatewayConfig
+from gateway.memory.records import Memory, MemoryFilter
+from gateway.memory.service import MemoryService
 from gateway.records import Conversation, RequestRecord, StoredMessage, compact_job
 from gateway.wiring import build_deps
 
@@ -98,3 +100,31 @@ async def request_record(config: GatewayConfig, tenant: str, request_id: str) ->
 async def job_summary(config: GatewayConfig, tenant: str | None) -> tuple[dict[str, int], list[JobState]]:
     async with _store(config) as store:
         return await store.jobs.counts(tenant), await store.jobs.failures(tenant)
+
+
+@contextlib.asynccontextmanager
+async def _memory(config: GatewayConfig, tenant: str) -> AsyncIterator[MemoryService]:
+    """The memory operations of a tenant, as the memory API runs them (vectors included)."""
+    deps = build_deps(config)
+    try:
+        service = deps.memory_service(tenant)
+        if service is None:
+            raise LookupError(f"tenant {tenant!r} has no long-term memory (memory.enabled) or does not exist")
+        yield service
+    finally:
+        await deps.aclose()
+
+
+async def memories_of(config: GatewayConfig, tenant: str, user_id: str, limit: int) -> list[Memory]:
+    async with _memory(config, tenant) as service:
+        return await service.store.find(tenant, MemoryFilter(user_id, limit=limit))
+
+
+async def export_memories(config: GatewayConfig, tenant: str, user_id: str) -> dict[str, object]:
+    async with _memory(config, tenant) as service:
+        return await service.export(tenant, user_id)
+
+
+async def delete_memories(config: GatewayConfig, tenant: str, memory_ids: Sequence[str]) -> int:
+    async with _memory(config, tenant) as service:
+        return await service.delete(tenant, memory_ids)

@@ -699,3 +699,34 @@ def test_memory_is_learnt_and_recalled_through_every_front_door(
         extra_headers={"X-Gateway-Memory": "off"},
     )
     assert injected(upstream) == ""
+
+
+def test_memories_on_the_command_line(remembering: Gateway, upstream: Upstream, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gateway.cli import main
+
+    ask(remembering, "I am vegetarian and I live in Lisbon.")
+    wait_for_jobs(remembering)
+    config = tmp_path / "cli.yaml"
+    tenants = [tenant("acme", upstream.base_url, memory=MEMORY, api_keys=[GATEWAY_KEY])]
+    config.write_text(json.dumps({"storage": remembering.config.storage.model_dump(), "tenants": tenants}))
+    runner = CliRunner()
+    base = ["--config", str(config), "--tenant", "acme"]
+
+    listed = runner.invoke(main, ["memories", "list", *base, "--user", "ana"])
+    assert listed.exit_code == 0, listed.output
+    known = {m["id"]: m["content"] for m in memories(remembering)}
+    assert known and all(memory_id in listed.output for memory_id in known)
+    exported = runner.invoke(main, ["memories", "export", *base, "--user", "ana"])
+    document = json.loads(exported.output)
+    assert document["object"] == "memories.export" and {m["id"] for m in document["memories"]} == set(known)
+
+    first = next(iter(known))
+    deleted = runner.invoke(main, ["memories", "delete", *base, first])
+    assert deleted.exit_code == 0 and "deleted 1 of 1" in deleted.output
+    assert first not in {m["id"] for m in memories(remembering)}
+    nobody = runner.invoke(
+        main, ["memories", "list", "--config", str(config), "--tenant", "globex", "--user", "ana"]
+    )
+    assert nobody.exit_code == 1 and "no long-term memory" in nobody.output

@@ -235,16 +235,7 @@ async def search_memories(request: Request) -> Response:
 
 async def export_memories(request: Request) -> Response:
     service, tenant = _service(request)
-    user = _user(request)
-    memories = await service.all_of(tenant, user)
-    return _json(
-        {
-            "object": "memories.export",
-            "user_id": user,
-            "exported_at": datetime.now(UTC),
-            "memories": [_out(m) for m in memories],
-        }
-    )
+    return _json(await service.export(tenant, _user(request)))
 
 
 async def import_memories(request: Request) -> Response:

@@ -8,7 +8,7 @@ they remove (a memory gone from SQL is never shown, whatever the index still hol
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 
 from gateway.errors import StoreError
@@ -108,6 +108,16 @@ class MemoryService:
             if i in rows and rows[i].status == ACTIVE and rows[i].user_id == user_id
         ]
         return sorted(found, key=lambda pair: pair[1], reverse=True)[:limit]
+
+    async def export(self, tenant: str, user_id: str) -> dict[str, object]:
+        """Every memory of the user as one document (what `import` takes back)."""
+        memories = await self.all_of(tenant, user_id)
+        return {
+            "object": "memories.export",
+            "user_id": user_id,
+            "exported_at": datetime.now(UTC),
+            "memories": [{**asdict(m), "object": "memory"} for m in memories],
+        }
 
     async def all_of(self, tenant: str, user_id: str) -> list[Memory]:
         """Every memory of the user, whatever its status (export), with sources and history."""
