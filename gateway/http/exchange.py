@@ -24,7 +24,7 @@ from gateway.memory.scope import incognito
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.forward import buffered_outcome
 from gateway.ports import JSONObject
-from gateway.telemetry.logs import log_request
+from gateway.telemetry.logs import log_request, logging_requests
 from gateway.tenants import Caller
 from gateway.wiring import Deps
 
@@ -89,6 +89,8 @@ class _Tally:
         stream = call.stream if call is not None else False
         report = call.state.report if call is not None else None
         self.deps.metrics.request(self.route, self.tenant, status, stream, self.timings, report)
+        if not logging_requests():
+            return
         state = call.state if call is not None else None
         overhead, upstream = self.timings if self.timings is not None else (None, None)
         log_request(

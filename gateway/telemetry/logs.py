@@ -15,9 +15,12 @@ REQUESTS = logging.getLogger("gateway.requests")
 FIELDS = "fields"  # the LogRecord attribute holding a line's structured fields
 
 
+def logging_requests() -> bool:
+    """Whether request lines are written (check before building one: the hot path)."""
+    return REQUESTS.isEnabledFor(logging.INFO)
+
+
 def log_request(fields: Mapping[str, object]) -> None:
-    if not REQUESTS.isEnabledFor(logging.INFO):
-        return
     text = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
     REQUESTS.info("request %s", text, extra={FIELDS: dict(fields)})
 
