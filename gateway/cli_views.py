@@ -75,11 +75,13 @@ def context_lines(record: RequestRecord) -> Iterator[str]:
         if not isinstance(detail, dict):
             continue
         parts = [f"{detail.get('tokens', 0)} tok"]
-        if isinstance(detail.get("messages"), int):
+        if _ids(detail.get("message_ids")):
+            label = "retrieved messages" if name == "retrieval" else "messages"
+            parts.append(f"{_ids(detail.get('message_ids'))} {label}")
+        elif isinstance(detail.get("messages"), int):
             parts.append(f"{detail['messages']} messages")
-        for key, label in (("message_ids", "retrieved messages"), ("memory_ids", "memories")):
-            if _ids(detail.get(key)):
-                parts.append(f"{_ids(detail.get(key))} {label}")
+        if _ids(detail.get("memory_ids")):
+            parts.append(f"{_ids(detail.get('memory_ids'))} memories")
         if isinstance(detail.get("ms"), int | float):
             parts.append(f"{detail['ms']} ms")
         for key in ("skipped", "reason"):

@@ -38,6 +38,9 @@ class ServerConfig(_Frozen):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # text: "time level logger: message"; json: one JSON object per line (request lines with their fields)
     log_format: Literal["text", "json"] = "text"
+    # Signs the dashboard's login cookies; None: a secret drawn at start (sign-ins end with the process,
+    # and replicas behind one address need the same value).
+    dashboard_secret: str | None = None
 
 
 class StorageConfig(_Frozen):

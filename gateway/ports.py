@@ -148,6 +148,12 @@ class MessageStore(Protocol):
 
     async def get_request(self, tenant: str, request_id: str) -> RequestRecord | None: ...
 
+    async def list_requests(
+        self, tenant: str, *, conversation_id: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[RequestRecord]:
+        """Request records, newest first (of one conversation, if given)."""
+        ...
+
     async def delete_conversations(
         self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
     ) -> list[str]:

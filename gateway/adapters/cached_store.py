@@ -97,6 +97,13 @@ class CachedMessageStore:
     async def get_request(self, tenant: str, request_id: str) -> RequestRecord | None:
         return await self.inner.get_request(tenant, request_id)
 
+    async def list_requests(
+        self, tenant: str, *, conversation_id: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[RequestRecord]:
+        return await self.inner.list_requests(
+            tenant, conversation_id=conversation_id, limit=limit, offset=offset
+        )
+
     async def delete_conversations(
         self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
     ) -> list[str]:

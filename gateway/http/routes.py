@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.dashboard.pages import dashboard_routes
 from gateway.errors import NotFound, UpstreamError
 from gateway.http.api import api_routes
 from gateway.http.doors import (
@@ -141,9 +142,10 @@ class _Asgi:
         await response(scope, receive, send)
 
 
-def routes(max_body_bytes: int) -> list[Route]:
+def routes(max_body_bytes: int, dashboard_secret: str | None = None) -> list[BaseRoute]:
     endpoints = Endpoints(max_body_bytes)
     return [
+        *dashboard_routes(dashboard_secret),
         *memory_routes(),
         *api_routes(),
         Route("/v1/chat/completions", _Asgi(endpoints.chat_completions), methods=["POST"]),

@@ -366,6 +366,24 @@ class SqlStore:
 
         return await self._run(run)
 
+    async def list_requests(
+        self, tenant: str, *, conversation_id: str | None = None, limit: int = 50, offset: int = 0
+    ) -> list[RequestRecord]:
+        query = select(RequestRow).where(RequestRow.tenant == tenant)
+        if conversation_id is not None:
+            query = query.where(RequestRow.conversation_id == conversation_id)
+        query = query.order_by(col(RequestRow.created_at).desc()).offset(offset).limit(limit)
+
+        def run() -> list[RequestRecord]:
+            with Session(self.engine) as session:
+                rows = list(session.scalars(query))
+                return [
+                    RequestRecord(**{**row.model_dump(), "created_at": _aware(row.created_at)})
+                    for row in rows
+                ]
+
+        return await self._run(run)
+
     async def delete_conversations(
         self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
     ) -> list[str]:

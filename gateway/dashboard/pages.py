@@ -1,0 +1,239 @@
+"""Dashboard routes: login, overview, conversations, one conversation's tree, one request's context.
+
+Every page is for the signed-in tenant only (a cookie from the login form, or `Authorization: Bearer
+KEY` for scripts); an anonymous visitor is sent to the login page and sees no data. Forms that change
+anything carry a CSRF token tied to the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlencode
+
+import orjson
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from gateway.dashboard.bars import bar
+from gateway.dashboard.session import COOKIE, LIFETIME_SECONDS, Sessions
+from gateway.errors import AuthenticationFailed
+from gateway.inbound.chat_form import calls_of, text_of
+from gateway.records import StoredMessage
+from gateway.tenants import Tenant
+from gateway.wiring import Deps
+
+PAGE = 50
+PREVIEW = 160
+
+Handler = Callable[[Request, Tenant], Awaitable[Response]]
+
+
+def _preview(message: StoredMessage) -> str:
+    text = " ".join(text_of(message.data.get("content")).split())
+    calls = [c.name for c in calls_of(message.data)]
+    if calls:
+        text = (text + " " if text else "") + "→ " + ", ".join(calls)
+    return text if len(text) <= PREVIEW else text[: PREVIEW - 1] + "…"
+
+
+def _tree(messages: list[StoredMessage], leaf: str | None) -> list[dict[str, object]]:
+    """Nested nodes for the template: each with its children; `on_path` marks the root-to-leaf path."""
+    by_id = {m.node.id: m for m in messages}
+    path: set[str] = set()
+    node_id = leaf if leaf in by_id else None
+    while node_id is not None and node_id in by_id:
+        path.add(node_id)
+        node_id = by_id[node_id].node.parent_id
+    children: dict[str | None, list[StoredMessage]] = {}
+    for message in sorted(messages, key=lambda m: (m.node.depth, m.created_at)):
+        parent = message.node.parent_id if message.node.parent_id in by_id else None
+        children.setdefault(parent, []).append(message)
+
+    def build(parent: str | None) -> list[dict[str, object]]:
+        return [
+            {
+                "id": m.node.id,
+                "role": m.node.role,
+                "tokens": m.node.token_count,
+                "text": _preview(m),
+                "on_path": m.node.id in path,
+                "children": build(m.node.id),
+            }
+            for m in children.get(parent, [])
+        ]
+
+    return build(None)
+
+
+class Dashboard:
+    def __init__(self, secret: str | None) -> None:
+        self.sessions = Sessions(secret)
+        self.templates = Environment(
+            loader=PackageLoader("gateway.dashboard", "templates"), autoescape=select_autoescape()
+        )
+
+    def render(self, request: Request, name: str, status: int = 200, **context: object) -> HTMLResponse:
+        cookie = request.cookies.get(COOKIE)
+        csrf = self.sessions.csrf(cookie) if cookie else ""
+        html = self.templates.get_template(name).render(csrf=csrf, **context)
+        response = HTMLResponse(html, status_code=status)
+        response.headers["cache-control"] = "no-store"
+        return response
+
+    def _tenant(self, request: Request) -> Tenant | None:
+        deps: Deps = request.state.deps
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() == "bearer" and key.strip():
+            try:
+                caller = deps.tenants.resolve(key.strip(), None)
+            except AuthenticationFailed:
+                return None
+            return caller.tenant if caller.authenticated else None
+        name = self.sessions.tenant(request.cookies.get(COOKIE))
+        return next((t for t in deps.tenants.tenants if t.name == name), None) if name else None
+
+    def page(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            tenant = self._tenant(request)
+            if tenant is None:
+                return RedirectResponse("/dashboard/login?" + urlencode({"next": request.url.path}), 303)
+            return await handler(request, tenant)
+
+        return endpoint
+
+    # ----------------------------------------------------------------------------------------- login
+
+    async def login_form(self, request: Request) -> Response:
+        return self.render(request, "login.html", next=request.query_params.get("next", "/dashboard"))
+
+    async def login(self, request: Request) -> Response:
+        deps: Deps = request.state.deps
+        form = await request.form()
+        key = str(form.get("key", "")).strip()
+        target = str(form.get("next", "/dashboard"))
+        if not target.startswith("/dashboard"):
+            target = "/dashboard"  # never redirect off the dashboard
+        tenant = None
+        if key:
+            try:
+                caller = deps.tenants.resolve(key, None)
+                tenant = caller.tenant if caller.authenticated else None
+            except AuthenticationFailed:
+                tenant = None
+        if tenant is None:
+            return self.render(
+                request, "login.html", 401, next=target, error="That key is not a gateway key."
+            )
+        response = RedirectResponse(target, 303)
+        response.set_cookie(
+            COOKIE,
+            self.sessions.issue(tenant.name),
+            max_age=LIFETIME_SECONDS,
+            path="/dashboard",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        form = await request.form()
+        cookie = request.cookies.get(COOKIE)
+        if not self.sessions.csrf_ok(cookie, str(form.get("csrf", ""))):
+            return self.render(request, "error.html", 403, message="This form has expired: reload the page.")
+        response = RedirectResponse("/dashboard/login", 303)
+        response.delete_cookie(COOKIE, path="/dashboard")
+        return response
+
+    # ----------------------------------------------------------------------------------------- pages
+
+    async def overview(self, request: Request, tenant: Tenant) -> Response:
+        deps: Deps = request.state.deps
+        requests = await deps.store.list_requests(tenant.name, limit=20)
+        jobs = await deps.jobs.counts(tenant.name)
+        original = sum(r.original_tokens or 0 for r in requests)
+        sent = sum(r.sent_tokens or 0 for r in requests)
+        return self.render(
+            request,
+            "overview.html",
+            tenant=tenant.name,
+            requests=requests,
+            jobs=jobs,
+            original=original,
+            sent=sent,
+            counters=deps.counters.snapshot(),
+        )
+
+    async def conversations(self, request: Request, tenant: Tenant) -> Response:
+        deps: Deps = request.state.deps
+        user = request.query_params.get("user") or None
+        raw_page = request.query_params.get("page", "1")
+        page = max(int(raw_page), 1) if raw_page.isdigit() else 1
+        found = await deps.store.list_conversations(
+            tenant.name, limit=PAGE + 1, user_id=user, offset=(page - 1) * PAGE
+        )
+        return self.render(
+            request,
+            "conversations.html",
+            tenant=tenant.name,
+            conversations=found[:PAGE],
+            user=user or "",
+            page=page,
+            more=len(found) > PAGE,
+        )
+
+    async def conversation(self, request: Request, tenant: Tenant) -> Response:
+        deps: Deps = request.state.deps
+        conversation_id = request.path_params["conversation_id"]
+        conversation = await deps.store.get_conversation(tenant.name, conversation_id)
+        if conversation is None:
+            return self.render(request, "error.html", 404, message="No such conversation for this tenant.")
+        messages = await deps.store.conversation_messages(tenant.name, conversation_id)
+        leaf = request.query_params.get("leaf") or conversation.last_message_id
+        leaves = [m for m in messages if not any(c.node.parent_id == m.node.id for c in messages)]
+        requests = await deps.store.list_requests(tenant.name, conversation_id=conversation_id, limit=PAGE)
+        return self.render(
+            request,
+            "conversation.html",
+            tenant=tenant.name,
+            conversation=conversation,
+            tree=_tree(messages, leaf),
+            leaves=[(m.node.id, _preview(m)) for m in sorted(leaves, key=lambda m: m.created_at)],
+            leaf=leaf,
+            requests=requests,
+        )
+
+    async def request_detail(self, request: Request, tenant: Tenant) -> Response:
+        deps: Deps = request.state.deps
+        record = await deps.store.get_request(tenant.name, request.path_params["request_id"])
+        if record is None:
+            return self.render(request, "error.html", 404, message="No such request for this tenant.")
+        report = record.report or {}
+        sections = report.get("sections") if isinstance(report.get("sections"), dict) else {}
+        return self.render(
+            request,
+            "request.html",
+            tenant=tenant.name,
+            record=record,
+            bar=bar(report) if report else None,
+            sections=sections,
+            report_json=orjson.dumps(report, option=orjson.OPT_INDENT_2).decode(),
+        )
+
+
+def dashboard_routes(secret: str | None) -> list[BaseRoute]:
+    board = Dashboard(secret)
+    return [
+        Route("/dashboard/login", board.login_form, methods=["GET"]),
+        Route("/dashboard/login", board.login, methods=["POST"]),
+        Route("/dashboard/logout", board.logout, methods=["POST"]),
+        Route("/dashboard", board.page(board.overview), methods=["GET"]),
+        Route("/dashboard/conversations", board.page(board.conversations), methods=["GET"]),
+        Route("/dashboard/conversations/{conversation_id}", board.page(board.conversation), methods=["GET"]),
+        Route("/dashboard/requests/{request_id}", board.page(board.request_detail), methods=["GET"]),
+        Mount("/dashboard/static", StaticFiles(packages=[("gateway.dashboard", "static")]), name="static"),
+    ]

@@ -1,0 +1,164 @@
+"""The dashboard in a real browser: Playwright driving Debian's Chromium against a real gateway that the
+official SDK filled. Screenshots go to the test's tmp dir."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from gateway.fakes.openai_upstream import Reply
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+OTHER_KEY = "sk-gw-globex"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert Path(CHROMIUM).exists(), "the dashboard tests need Chromium: apt-get install -y chromium"
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def filled(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> tuple[Gateway, dict[str, str]]:
+    """A gateway with one conversation of two branches, the newest request rebuilt under a small budget."""
+    gateway = make_gateway(
+        [
+            tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY], context={"budget_tokens": 400}),
+            tenant("globex", upstream.base_url, api_keys=[OTHER_KEY]),
+        ]
+    )
+    upstream.fake.enqueue(Reply("A1"), Reply("A2"))
+    client = gateway.client(default_headers={"X-User-Id": "u-dash"})
+    history: list[Any] = [{"role": "user", "content": "First question about parcel PX-11."}]
+    client.chat.completions.create(model="gpt-4o", messages=history)
+    history += [
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "Original second question."},
+    ]
+    first = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+    recorded(gateway, first.headers["x-gateway-request-id"])
+    edited = [*history[:2], {"role": "user", "content": "Edited second question."}]
+    for n in range(10):
+        edited += [
+            {"role": "assistant", "content": f"note {n}"},
+            {"role": "user", "content": f"more detail {n} " * 15},
+        ]
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=edited)
+    recorded(gateway, raw.headers["x-gateway-request-id"])
+    return gateway, {
+        "conversation": raw.headers["x-conversation-id"],
+        "request": raw.headers["x-gateway-request-id"],
+    }
+
+
+def sign_in(page: Page, gateway: Gateway, key: str) -> None:
+    page.goto(f"{gateway.server.url}/dashboard")
+    page.fill("input[name=key]", key)
+    page.click("#login button")
+
+
+def test_a_tenant_signs_in_walks_the_tree_and_reads_a_requests_context(
+    browser: Browser, filled: tuple[Gateway, dict[str, str]], tmp_path: Path
+) -> None:
+    gateway, ids = filled
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+
+    page.goto(f"{gateway.server.url}/dashboard/conversations/{ids['conversation']}")
+    assert "/dashboard/login" in page.url  # anonymous: the login page, and no data
+    assert "PX-11" not in page.content() and page.locator("#tenant").count() == 0
+    page.fill("input[name=key]", "sk-not-a-key")
+    page.click("#login button")
+    assert page.text_content("#error") == "That key is not a gateway key."
+    page.fill("input[name=key]", GATEWAY_KEY)
+    page.click("#login button")
+    # Back where the visitor was going, signed in as the key's tenant.
+    assert page.url.endswith(f"/dashboard/conversations/{ids['conversation']}")
+    assert page.text_content("#tenant") == "acme"
+    page.screenshot(path=str(tmp_path / "conversation.png"), full_page=True)
+
+    # Two branches; the newest is highlighted; switching shows the other path.
+    branches = page.locator("#branches a")
+    assert branches.count() == 2
+    on_path = page.locator(".node.on-path").all_text_contents()
+    assert any("Edited second question." in t for t in on_path)
+    assert not any("Original second question." in t for t in on_path)
+    page.click("#branches a >> text=A2")
+    on_path = page.locator(".node.on-path").all_text_contents()
+    assert any("Original second question." in t for t in on_path)
+    assert not any("Edited second question." in t for t in on_path)
+
+    # The request's stacked bar says what its ContextReport says.
+    page.click(f"#requests a[href='/dashboard/requests/{ids['request']}']")
+    report = api(gateway, f"/requests/{ids['request']}")["report"]
+    assert int(page.text_content("#sent") or 0) == report["sent_tokens"]
+    assert int(page.text_content("#original") or 0) == report["original_tokens"]
+    shown = {
+        s.get_attribute("data-section"): int(s.get_attribute("data-tokens") or 0)
+        for s in page.locator("#bar .seg").all()
+    }
+    expected = {name: d["tokens"] for name, d in report["sections"].items() if d.get("tokens")}
+    assert shown == expected and "window" in shown
+    page.screenshot(path=str(tmp_path / "request.png"), full_page=True)
+
+    # The overview lists the tenant's requests; the phone width still shows the tables.
+    page.set_viewport_size({"width": 390, "height": 800})
+    page.click("header nav a >> text=overview")
+    assert page.locator(f"a[href='/dashboard/requests/{ids['request']}']").count() == 1
+    page.screenshot(path=str(tmp_path / "overview-phone.png"), full_page=True)
+    context.close()
+
+
+def test_another_tenant_sees_nothing_and_forms_need_their_csrf_token(
+    browser: Browser, filled: tuple[Gateway, dict[str, str]]
+) -> None:
+    gateway, ids = filled
+    context = browser.new_context()
+    page = context.new_page()
+    sign_in(page, gateway, OTHER_KEY)
+    assert page.text_content("#tenant") == "globex"
+    page.goto(f"{gateway.server.url}/dashboard/conversations")
+    assert ids["conversation"] not in page.content()
+    response = page.goto(f"{gateway.server.url}/dashboard/conversations/{ids['conversation']}")
+    assert response is not None and response.status == 404
+    response = page.goto(f"{gateway.server.url}/dashboard/requests/{ids['request']}")
+    assert response is not None and response.status == 404
+
+    cookies = {c["name"]: c["value"] for c in context.cookies()}
+    forged = httpx.post(f"{gateway.server.url}/dashboard/logout", cookies=cookies, data={"csrf": "not-it"})
+    assert forged.status_code == 403
+    page.goto(f"{gateway.server.url}/dashboard")
+    page.click("header form button")  # the page's own form carries the token: signed out
+    assert "/dashboard/login" in page.url
+    context.close()
+
+    # Scripts use the key as a bearer token; a forged cookie is no session.
+    listed = httpx.get(
+        f"{gateway.server.url}/dashboard/conversations", headers={"Authorization": f"Bearer {GATEWAY_KEY}"}
+    )
+    assert listed.status_code == 200 and ids["conversation"] in listed.text
+    tampered = httpx.get(
+        f"{gateway.server.url}/dashboard/conversations", cookies={"cg_session": "YWNtZQ.9999999999.0000"}
+    )
+    assert tampered.status_code == 303 and "/dashboard/login" in tampered.headers["location"]
