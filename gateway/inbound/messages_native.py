@@ -10,15 +10,13 @@ restored with their signatures. Coming back, the answer reaches the client as An
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-
 import orjson
 
-from gateway.errors import UpstreamError
 from gateway.inbound.chat_form import calls_of
+from gateway.inbound.event_relay import BeforeDone, EventRelay
 from gateway.inbound.messages_out import error_event, tool_input
 from gateway.pipeline.call import ChatOutcome, OutcomeStatus
-from gateway.pipeline.stream import FrameSplitter, frame_data, parse_chunk
+from gateway.pipeline.stream import parse_chunk
 from gateway.ports import JSON, JSONObject, UpstreamResponse
 
 _FINISH = {
@@ -272,7 +270,7 @@ class MessageAccumulator:
                 citations.append(delta["citation"])
 
 
-class NativeRelay:
+class NativeRelay(EventRelay):
     """An Anthropic SSE stream relayed frame by frame as it arrives, read into the chat outcome.
 
     `before_done` runs before `message_stop` is released (thin mode: the next request finds the answer
@@ -280,40 +278,20 @@ class NativeRelay:
     in-band `error` event, which the SDK raises.
     """
 
-    def __init__(
-        self,
-        response: UpstreamResponse,
-        before_done: Callable[[ChatOutcome], Awaitable[None]] | None = None,
-    ) -> None:
-        self._response = response
-        self._before_done = before_done
+    def __init__(self, response: UpstreamResponse, before_done: BeforeDone | None = None) -> None:
+        super().__init__(response, before_done)
         self.accumulator = MessageAccumulator()
-        self._error: str | None = None
 
-    async def frames(self) -> AsyncIterator[bytes]:
-        splitter = FrameSplitter()
-        accumulator = self.accumulator
-        try:
-            async for chunk in self._response.body:
-                for frame in splitter.feed(chunk):
-                    data = frame_data(frame)
-                    event = parse_chunk(data) if data is not None else None
-                    if event is not None:
-                        accumulator.add(event)
-                        if accumulator.stopped and self._before_done is not None:
-                            hook, self._before_done = self._before_done, None
-                            await hook(self.outcome(200, disconnected=False))
-                    yield frame
-        except UpstreamError as exc:
-            self._error = exc.message
-            yield error_event(exc.status, exc.message)
-            return
-        rest = splitter.rest()
-        if rest.strip():
-            yield rest
-        if not accumulator.stopped and accumulator.error is None:
-            self._error = "upstream stream ended before the answer was complete"
-            yield error_event(502, self._error)
+    async def _read(self, event: JSONObject) -> None:
+        self.accumulator.add(event)
+        if self.accumulator.stopped:
+            await self._release_done()
+
+    def _ended(self) -> bool:
+        return self.accumulator.stopped or self.accumulator.error is not None
+
+    def _error_frame(self, status: int, message: str) -> bytes:
+        return error_event(status, message)
 
     def outcome(self, http_status: int, *, disconnected: bool) -> ChatOutcome:
         accumulator = self.accumulator

@@ -11,15 +11,13 @@ client as the provider sent it, and is read into the chat form the store keeps (
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-
 import orjson
 
-from gateway.errors import UpstreamError
 from gateway.inbound.chat_form import calls_of, text_of
+from gateway.inbound.event_relay import BeforeDone, EventRelay
 from gateway.inbound.responses_in import input_messages
 from gateway.pipeline.call import ChatOutcome, OutcomeStatus
-from gateway.pipeline.stream import FrameSplitter, frame_data, parse_chunk
+from gateway.pipeline.stream import parse_chunk
 from gateway.ports import JSON, JSONObject, UpstreamResponse
 
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -206,44 +204,23 @@ def error_event(number: int, message: str) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-class NativeResponsesRelay:
+class NativeResponsesRelay(EventRelay):
     """A Responses event stream relayed as it arrives; the terminal event's response is what is stored.
 
-    `before_done` runs before `response.completed` (or `.incomplete`/`.failed`) is released.
+    `before_done` runs before `response.completed` (or `.incomplete`) is released.
     """
 
-    def __init__(
-        self,
-        response: UpstreamResponse,
-        before_done: Callable[[ChatOutcome], Awaitable[None]] | None = None,
-    ) -> None:
-        self._response = response
-        self._before_done = before_done
+    def __init__(self, response: UpstreamResponse, before_done: BeforeDone | None = None) -> None:
+        super().__init__(response, before_done)
         self.final: JSONObject | None = None
         self._items: dict[int, JSON] = {}
-        self._error: str | None = None
         self._number = -1  # the last event's sequence_number
 
-    async def frames(self) -> AsyncIterator[bytes]:
-        splitter = FrameSplitter()
-        try:
-            async for chunk in self._response.body:
-                for frame in splitter.feed(chunk):
-                    data = frame_data(frame)
-                    event = parse_chunk(data) if data is not None else None
-                    if event is not None:
-                        await self._read(event)
-                    yield frame
-        except UpstreamError as exc:
-            self._error = exc.message
-            yield error_event(self._number + 1, exc.message)
-            return
-        rest = splitter.rest()
-        if rest.strip():
-            yield rest
-        if self.final is None and self._error is None:
-            self._error = "upstream stream ended before the response was complete"
-            yield error_event(self._number + 1, self._error)
+    def _ended(self) -> bool:
+        return self.final is not None or self._error is not None
+
+    def _error_frame(self, status: int, message: str) -> bytes:
+        return error_event(self._number + 1, message)
 
     async def _read(self, event: JSONObject) -> None:
         kind = event.get("type")
@@ -259,9 +236,8 @@ class NativeResponsesRelay:
             final = event["response"]
             assert isinstance(final, dict)
             self.final = final
-            if self._before_done is not None and kind != "response.failed":
-                hook, self._before_done = self._before_done, None
-                await hook(self.outcome(200, disconnected=False))
+            if kind != "response.failed":
+                await self._release_done()
         elif kind == "error":
             self._error = str(event.get("message") or "upstream error")
 
