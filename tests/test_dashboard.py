@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from gateway.fakes.openai_upstream import Reply
-from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 OTHER_KEY = "sk-gw-globex"
@@ -162,3 +162,52 @@ def test_another_tenant_sees_nothing_and_forms_need_their_csrf_token(
         f"{gateway.server.url}/dashboard/conversations", cookies={"cg_session": "YWNtZQ.9999999999.0000"}
     )
     assert tampered.status_code == 303 and "/dashboard/login" in tampered.headers["location"]
+
+
+def test_a_users_memories_are_listed_edited_and_deleted(
+    browser: Browser, upstream: Upstream, make_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    memory = {"enabled": True, "extract_delay_seconds": 0, "profile_delay_seconds": 0}
+    gateway = make_gateway(
+        [tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY], memory=memory)],
+        jobs={"poll_seconds": 0.05, "retry_base_seconds": 0.05},
+    )
+    client = gateway.client(default_headers={"X-User-Id": "ana"})
+    for text in ("I am vegetarian.", "Our billing service runs on Postgres 16."):
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=[{"role": "user", "content": text}]
+        )
+        recorded(gateway, raw.headers["x-gateway-request-id"])
+    wait_for_jobs(gateway)
+    stored = api(gateway, "/users/ana/memories")["data"]
+    assert len(stored) == 2
+
+    context = browser.new_context()
+    page = context.new_page()
+    sign_in(page, gateway, GATEWAY_KEY)
+    page.click("header nav a >> text=memories")
+    page.fill("form.filters input[name=user]", "ana")
+    page.click("form.filters button")
+    assert page.locator("#memories tbody tr").count() == 2
+    postgres = next(m for m in stored if "Postgres" in m["content"])
+    row = page.locator(f"#memory-{postgres['id']}")
+    row.locator("input[name=content]").fill("Our billing service runs on Postgres 17.")
+    row.locator("form.edit button").click()
+    assert page.text_content("#notice") == "Memory edited."
+    assert (
+        api(gateway, f"/memories/{postgres['id']}")["content"] == "Our billing service runs on Postgres 17."
+    )
+    page.screenshot(path=str(tmp_path / "memories.png"), full_page=True)
+
+    vegetarian = next(m for m in stored if "vegetarian" in m["content"])
+    page.locator(f"#memory-{vegetarian['id']}").locator("form.delete button").click()
+    assert page.text_content("#notice") == "Memory deleted."
+    assert [m["id"] for m in api(gateway, "/users/ana/memories")["data"]] == [postgres["id"]]
+
+    cookies = {c["name"]: c["value"] for c in context.cookies()}
+    forged = httpx.post(
+        f"{gateway.server.url}/dashboard/memories/{postgres['id']}/delete", cookies=cookies, data={}
+    )
+    assert forged.status_code == 403
+    assert [m["id"] for m in api(gateway, "/users/ana/memories")["data"]] == [postgres["id"]]  # still there
+    context.close()

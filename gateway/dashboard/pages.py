@@ -8,7 +8,8 @@ anything carry a CSRF token tied to the session.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlencode
+from typing import get_args
+from urllib.parse import quote, urlencode
 
 import orjson
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -20,13 +21,17 @@ from starlette.staticfiles import StaticFiles
 from gateway.dashboard.bars import bar
 from gateway.dashboard.session import COOKIE, LIFETIME_SECONDS, Sessions
 from gateway.errors import AuthenticationFailed
+from gateway.http.memory_api import MemoryType, profile_changed
 from gateway.inbound.chat_form import calls_of, text_of
+from gateway.memory.records import USER_SCOPE, Memory, MemoryFilter
+from gateway.memory.service import MemoryService
 from gateway.records import StoredMessage
 from gateway.tenants import Tenant
 from gateway.wiring import Deps
 
 PAGE = 50
 PREVIEW = 160
+MEMORY_TYPES = get_args(MemoryType)
 
 Handler = Callable[[Request, Tenant], Awaitable[Response]]
 
@@ -224,6 +229,87 @@ class Dashboard:
             report_json=orjson.dumps(report, option=orjson.OPT_INDENT_2).decode(),
         )
 
+    # ----------------------------------------------------------------------------------- memories
+
+    async def memories(self, request: Request, tenant: Tenant) -> Response:
+        deps: Deps = request.state.deps
+        service = deps.memory_service(tenant.name)
+        user = request.query_params.get("user", "").strip() or request.path_params.get("user", "")
+        if service is None:
+            return self.render(
+                request, "error.html", 404, tenant=tenant.name, message="This tenant has no long-term memory."
+            )
+        kind = request.query_params.get("type") or None
+        found = (
+            await service.store.find(
+                tenant.name, MemoryFilter(user, types=(kind,) if kind else None, limit=500)
+            )
+            if user
+            else []
+        )
+        profile = await service.store.profile(tenant.name, user) if user else None
+        return self.render(
+            request,
+            "memories.html",
+            tenant=tenant.name,
+            user=user,
+            memories=found,
+            kind=kind or "",
+            types=MEMORY_TYPES,
+            profile=profile.shown if profile is not None else None,
+            notice=request.query_params.get("done", ""),
+        )
+
+    async def _changed_memory(
+        self, request: Request, tenant: Tenant
+    ) -> tuple[MemoryService, Memory] | Response:
+        """The memory a form names, once its CSRF token checks out (bearer callers need none)."""
+        deps: Deps = request.state.deps
+        form = await request.form()
+        if "authorization" not in request.headers and not self.sessions.csrf_ok(
+            request.cookies.get(COOKIE), str(form.get("csrf", ""))
+        ):
+            return self.render(
+                request,
+                "error.html",
+                403,
+                tenant=tenant.name,
+                message="This form has expired: reload the page.",
+            )
+        service = deps.memory_service(tenant.name)
+        memory = await service.store.get(tenant.name, request.path_params["memory_id"]) if service else None
+        if service is None or memory is None:
+            return self.render(
+                request, "error.html", 404, tenant=tenant.name, message="No such memory for this tenant."
+            )
+        return service, memory
+
+    async def edit_memory(self, request: Request, tenant: Tenant) -> Response:
+        found = await self._changed_memory(request, tenant)
+        if isinstance(found, Response):
+            return found
+        service, memory = found
+        content = " ".join(str((await request.form()).get("content", "")).split())
+        limit = tenant.config.memory.max_memory_chars
+        if not content or len(content) > limit:
+            message = f"A memory holds 1 to {limit} characters; nothing was changed."
+            return self.render(request, "error.html", 400, tenant=tenant.name, message=message)
+        if content != memory.content:
+            await service.edit(memory, content=content)
+            if memory.scope == USER_SCOPE:
+                await profile_changed(request.state.deps, tenant, memory.user_id, stale=True)
+        return RedirectResponse(f"/dashboard/users/{quote(memory.user_id)}/memories?done=edited", 303)
+
+    async def delete_memory(self, request: Request, tenant: Tenant) -> Response:
+        found = await self._changed_memory(request, tenant)
+        if isinstance(found, Response):
+            return found
+        service, memory = found
+        await service.delete(tenant.name, [memory.id])
+        if memory.scope == USER_SCOPE:
+            await profile_changed(request.state.deps, tenant, memory.user_id, stale=True)
+        return RedirectResponse(f"/dashboard/users/{quote(memory.user_id)}/memories?done=deleted", 303)
+
 
 def dashboard_routes(secret: str | None) -> list[BaseRoute]:
     board = Dashboard(secret)
@@ -235,5 +321,9 @@ def dashboard_routes(secret: str | None) -> list[BaseRoute]:
         Route("/dashboard/conversations", board.page(board.conversations), methods=["GET"]),
         Route("/dashboard/conversations/{conversation_id}", board.page(board.conversation), methods=["GET"]),
         Route("/dashboard/requests/{request_id}", board.page(board.request_detail), methods=["GET"]),
+        Route("/dashboard/memories", board.page(board.memories), methods=["GET"]),
+        Route("/dashboard/users/{user}/memories", board.page(board.memories), methods=["GET"]),
+        Route("/dashboard/memories/{memory_id}/edit", board.page(board.edit_memory), methods=["POST"]),
+        Route("/dashboard/memories/{memory_id}/delete", board.page(board.delete_memory), methods=["POST"]),
         Mount("/dashboard/static", StaticFiles(packages=[("gateway.dashboard", "static")]), name="static"),
     ]

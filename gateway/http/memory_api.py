@@ -43,7 +43,7 @@ from gateway.memory.service import MemoryService
 from gateway.pipeline.identify import bounded_id
 from gateway.pipeline.validate import parse_json_object
 from gateway.records import profile_job
-from gateway.tenants import Caller
+from gateway.tenants import Caller, Tenant
 from gateway.wiring import Deps, learns
 
 MAX_IMPORT = 5_000
@@ -331,17 +331,20 @@ async def put_profile(request: Request) -> Response:
 
 
 async def _profile_changed(request: Request, tenant: str, user: str, *, stale: bool) -> None:
-    """The user's memories changed through the API: the generated profile is rewritten; `stale` (a
-    memory was deleted or edited): its current text, which may still say it, is not shown meanwhile."""
-    deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
-    service = deps.memory_service(tenant)
-    if service is None or not caller.tenant.config.memory.profile:
+    await profile_changed(request.state.deps, caller.tenant, user, stale=stale)
+
+
+async def profile_changed(deps: Deps, tenant: Tenant, user: str, *, stale: bool) -> None:
+    """After the user's own change to their memories: the generated profile may no longer hold
+    (`stale`: shown no more until rewritten), and a rewrite is queued where the tenant writes profiles."""
+    service = deps.memory_service(tenant.name)
+    if service is None or not tenant.config.memory.profile:
         return
     if stale:
-        await service.store.save_profile(tenant, user, generated=None)
-    if learns(caller.tenant.config):
-        await deps.jobs.enqueue(profile_job(tenant, user, None))
+        await service.store.save_profile(tenant.name, user, generated=None)
+    if learns(tenant.config):
+        await deps.jobs.enqueue(profile_job(tenant.name, user, None))
         deps.workers.notify()
 
 
