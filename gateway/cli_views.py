@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from gateway.adapters.sql.jobs import JobState
 from gateway.inbound.chat_form import calls_of, text_of
 from gateway.ports import JSON
-from gateway.records import Conversation, RequestRecord, StoredMessage
+from gateway.records import Conversation, JobState, RequestRecord, StoredMessage
 
 PREVIEW = 70
 

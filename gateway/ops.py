@@ -8,12 +8,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import anyio
 
-from gateway.adapters.sql.jobs import JobState
 from gateway.adapters.sql.store import SqlStore
 from gateway.config import GatewayConfig
 from gateway.memory.records import Memory, MemoryFilter
 from gateway.memory.service import MemoryService
-from gateway.records import Conversation, RequestRecord, StoredMessage, compact_job
+from gateway.records import Conversation, JobState, RequestRecord, StoredMessage, compact_job
 from gateway.wiring import build_deps
 
 

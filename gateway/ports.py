@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         Conversation,
         IndexRow,
         Job,
+        JobState,
         Lookup,
         NewJob,
         NewSummary,
@@ -206,6 +207,14 @@ class JobQueue(Protocol):
     async def pending(self, kind: str, key_prefix: str, tenant: str | None = None) -> list[JSONObject]:
         """Payloads of the queued and running jobs of `kind` whose key starts with `key_prefix` (e.g. one
         conversation's indexing backlog)."""
+        ...
+
+    async def failures(self, tenant: str | None = None, limit: int = 20) -> list[JobState]:
+        """The newest jobs that failed for good, with their errors."""
+        ...
+
+    async def retry(self, tenant: str, job_id: str) -> bool:
+        """Queue a job that failed for good once more; False when it is not one (or its key is pending)."""
         ...
 
     async def prune(self, done_for_seconds: float) -> int:

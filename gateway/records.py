@@ -379,3 +379,22 @@ class IndexHit:
 class SearchResult:
     semantic: list[IndexHit]
     keyword: list[IndexHit]
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """A job as stored, for inspection (tests, the dashboard); workers use `Job`."""
+
+    id: str
+    kind: str
+    tenant: str
+    payload: JSONObject
+    key: str | None
+    status: str
+    attempts: int
+    run_after: datetime
+    lease_owner: str | None
+    lease_until: datetime | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime

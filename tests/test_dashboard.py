@@ -211,3 +211,51 @@ def test_a_users_memories_are_listed_edited_and_deleted(
     assert forged.status_code == 403
     assert [m["id"] for m in api(gateway, "/users/ana/memories")["data"]] == [postgres["id"]]  # still there
     context.close()
+
+
+def test_a_failed_job_is_shown_retried_and_its_summary_read(
+    browser: Browser, upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway(
+        [
+            tenant(
+                "acme",
+                upstream.base_url,
+                api_keys=[GATEWAY_KEY],
+                context={"budget_tokens": 1200, "recent_tokens": 300},
+                compaction={"threshold_tokens": 200, "chunk_tokens": 300, "summary_tokens": 400},
+                retrieval={"enabled": False},
+            )
+        ],
+        jobs={"poll_seconds": 0.05, "retry_base_seconds": 0.05, "max_attempts": 1},
+    )
+    upstream.fake.enqueue_summary(
+        Reply(status=500, error={"message": "summariser down", "type": "server_error"})
+    )
+    client = gateway.client()
+    history: list[Any] = []
+    for n in range(30):
+        history.append(
+            {"role": "user", "content": f"turn-{n} please keep the file notes_{n}.md and code {n * 7919}."}
+        )
+        raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+        history.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+        recorded(gateway, raw.headers["x-gateway-request-id"])
+        wait_for_jobs(gateway)
+    conversation_id = raw.headers["x-conversation-id"]
+
+    context = browser.new_context()
+    page = context.new_page()
+    sign_in(page, gateway, GATEWAY_KEY)
+    page.click("header nav a >> text=jobs")
+    failed = page.locator("#failures tbody tr[id^=job-]")
+    assert failed.count() >= 1 and "summariser down" in (failed.first.text_content() or "")
+    failed.first.locator("button").click()
+    assert page.text_content("#notice") == "The job is queued again."
+    wait_for_jobs(gateway)
+    page.goto(f"{gateway.server.url}/dashboard/conversations/{conversation_id}/summaries")
+    assert page.locator("article.summary").count() >= 1 and "current" in (
+        page.text_content("article.summary") or ""
+    )
+    assert "folded:" in (page.text_content("article.summary pre") or "")
+    context.close()

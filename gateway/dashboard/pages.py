@@ -229,6 +229,60 @@ class Dashboard:
             report_json=orjson.dumps(report, option=orjson.OPT_INDENT_2).decode(),
         )
 
+    async def summaries(self, request: Request, tenant: Tenant) -> Response:
+        deps: Deps = request.state.deps
+        conversation_id = request.path_params["conversation_id"]
+        conversation = await deps.store.get_conversation(tenant.name, conversation_id)
+        if conversation is None:
+            return self.render(
+                request,
+                "error.html",
+                404,
+                tenant=tenant.name,
+                message="No such conversation for this tenant.",
+            )
+        rolling = await deps.summaries.summaries(tenant.name, conversation_id, "global")
+        chunks = await deps.summaries.summaries(tenant.name, conversation_id, "chunk")
+        return self.render(
+            request,
+            "summaries.html",
+            tenant=tenant.name,
+            conversation=conversation,
+            rolling=rolling,
+            chunks=chunks,
+        )
+
+    async def jobs(self, request: Request, tenant: Tenant) -> Response:
+        deps: Deps = request.state.deps
+        return self.render(
+            request,
+            "jobs.html",
+            tenant=tenant.name,
+            counts=await deps.jobs.counts(tenant.name),
+            failures=await deps.jobs.failures(tenant.name, limit=PAGE),
+            notice=request.query_params.get("done", ""),
+        )
+
+    async def retry_job(self, request: Request, tenant: Tenant) -> Response:
+        deps: Deps = request.state.deps
+        if not await self._csrf(request):
+            return self.render(
+                request,
+                "error.html",
+                403,
+                tenant=tenant.name,
+                message="This form has expired: reload the page.",
+            )
+        queued = await deps.jobs.retry(tenant.name, request.path_params["job_id"])
+        return RedirectResponse(f"/dashboard/jobs?done={'queued' if queued else 'not-queued'}", 303)
+
+    async def _csrf(self, request: Request) -> bool:
+        """A form's token checks out (callers with a bearer key send no cookie, and need none)."""
+        if "authorization" in request.headers:
+            return True
+        form = await request.form()
+        return self.sessions.csrf_ok(request.cookies.get(COOKIE), str(form.get("csrf", "")))
+
     # ----------------------------------------------------------------------------------- memories
 
     async def memories(self, request: Request, tenant: Tenant) -> Response:
@@ -265,10 +319,7 @@ class Dashboard:
     ) -> tuple[MemoryService, Memory] | Response:
         """The memory a form names, once its CSRF token checks out (bearer callers need none)."""
         deps: Deps = request.state.deps
-        form = await request.form()
-        if "authorization" not in request.headers and not self.sessions.csrf_ok(
-            request.cookies.get(COOKIE), str(form.get("csrf", ""))
-        ):
+        if not await self._csrf(request):
             return self.render(
                 request,
                 "error.html",
@@ -321,6 +372,13 @@ def dashboard_routes(secret: str | None) -> list[BaseRoute]:
         Route("/dashboard/conversations", board.page(board.conversations), methods=["GET"]),
         Route("/dashboard/conversations/{conversation_id}", board.page(board.conversation), methods=["GET"]),
         Route("/dashboard/requests/{request_id}", board.page(board.request_detail), methods=["GET"]),
+        Route(
+            "/dashboard/conversations/{conversation_id}/summaries",
+            board.page(board.summaries),
+            methods=["GET"],
+        ),
+        Route("/dashboard/jobs", board.page(board.jobs), methods=["GET"]),
+        Route("/dashboard/jobs/{job_id}/retry", board.page(board.retry_job), methods=["POST"]),
         Route("/dashboard/memories", board.page(board.memories), methods=["GET"]),
         Route("/dashboard/users/{user}/memories", board.page(board.memories), methods=["GET"]),
         Route("/dashboard/memories/{memory_id}/edit", board.page(board.edit_memory), methods=["POST"]),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
@@ -37,39 +36,20 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlmodel import SQLModel
 
 from gateway.adapters.sql.migrations import migrate
 from gateway.adapters.sql.tables import JOB_PENDING_WHERE, JobRow, utcnow
 from gateway.errors import StoreError
 from gateway.ports import JSONObject
-from gateway.records import Job, NewJob
+from gateway.records import Job, JobState, NewJob
 
 T = TypeVar("T")
 STATUSES = ("queued", "running", "done", "failed")
 _JOBS = SQLModel.metadata.tables[str(JobRow.__tablename__)]
 _TIMESTAMP = DateTime(timezone=True)
 _ERROR_CHARS = 4000  # enough for a message and the end of a traceback; the log has the whole of it
-
-
-@dataclass(frozen=True, slots=True)
-class JobState:
-    """A job as stored, for inspection (tests, the dashboard); workers use `Job`."""
-
-    id: str
-    kind: str
-    tenant: str
-    payload: JSONObject
-    key: str | None
-    status: str
-    attempts: int
-    run_after: datetime
-    lease_owner: str | None
-    lease_until: datetime | None
-    last_error: str | None
-    created_at: datetime
-    updated_at: datetime
 
 
 class _Clock:
@@ -349,6 +329,34 @@ class SqlJobQueue:
             return out
 
         return await self._run(run)
+
+    async def retry(self, tenant: str, job_id: str) -> bool:
+        """Queue a job that failed for good once more, from its first attempt; False when there is no
+        such failed job, or a job with its key is pending already (that one will do the work)."""
+        statement = (
+            update(_JOBS)
+            .where(_JOBS.c.id == job_id, _JOBS.c.tenant == tenant, _JOBS.c.status == "failed")
+            .values(
+                status="queued",
+                attempts=0,
+                run_after=utcnow(),
+                lease_owner=None,
+                lease_until=None,
+                updated_at=utcnow(),
+            )
+        )
+
+        def run() -> bool:
+            try:
+                with self.engine.begin() as connection:
+                    return bool(connection.execute(statement).rowcount)
+            except IntegrityError:
+                return False
+
+        done = await self._run(run)
+        if done:
+            self.notify_listeners()
+        return done
 
     async def prune(self, done_for_seconds: float) -> int:
         cutoff = utcnow() - timedelta(seconds=done_for_seconds)
