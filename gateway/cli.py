@@ -1,5 +1,5 @@
 """`context-gateway` command line: serve the gateway, read what it stored (conversations, show, context,
-jobs), summarise now (compact), or play the built-in demo."""
+jobs, memories), load exported histories (import), summarise now (compact), or play the built-in demo."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 import click
 
@@ -187,6 +188,51 @@ def jobs(config_path: str | None, tenant: str | None) -> None:
 
     counts, failures = asyncio.run(ops.job_summary(_config(config_path), tenant))
     _echo_all(job_lines(counts, failures))
+
+
+@main.command("import")
+@CONFIG_OPTION
+@TENANT_OPTION
+@click.option("--user", default=None, help="Owner of conversations that do not name one.")
+@click.option(
+    "--model", default="gpt-4o", show_default=True, help="Model whose tokenizer counts the messages."
+)
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+def import_file(config_path: str | None, tenant: str, user: str | None, model: str, file: str) -> None:
+    """Load exported chat histories (the gateway's JSON, or ChatGPT's conversations.json) through the
+    same ingest path as requests; a gateway running on the same store indexes them."""
+    import orjson
+
+    from gateway import ops
+    from gateway.errors import InvalidRequest
+    from gateway.inbound.exports import read_export
+
+    try:
+        conversations = read_export(orjson.loads(Path(file).read_bytes()), user)
+    except orjson.JSONDecodeError as exc:
+        raise click.ClickException(f"{file} is not JSON: {exc}") from exc
+    except InvalidRequest as exc:
+        raise click.ClickException(f"{file}: {exc.message}; nothing was imported") from exc
+    with click.progressbar(length=len(conversations), label="importing", file=sys.stderr) as bar:
+        shown = 0
+
+        def progress(done: int) -> None:
+            nonlocal shown
+            bar.update(done - shown)
+            shown = done
+
+        try:
+            ids = asyncio.run(
+                ops.import_history(_config(config_path), tenant, conversations, model, progress)
+            )
+        except LookupError as exc:
+            raise click.ClickException(str(exc)) from exc
+    messages = sum(len(c.messages) for c in conversations)
+    click.echo(f"imported {len(ids)} conversations ({messages} messages) into tenant {tenant!r}")
+    for conversation, conversation_id in zip(conversations, ids, strict=True):
+        click.echo(
+            f"  {conversation_id}  {len(conversation.messages):>5} messages  {conversation.title or ''}"
+        )
 
 
 @main.group()

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import anyio
+import orjson
 
 from gateway.adapters.sql.store import SqlStore
 from gateway.config import GatewayConfig
+from gateway.inbound.exports import Imported
 from gateway.memory.records import Memory, MemoryFilter
 from gateway.memory.service import MemoryService
+from gateway.pipeline.call import ChatCall, ChatOutcome
+from gateway.ports import JSONObject
 from gateway.records import Conversation, JobState, RequestRecord, StoredMessage, compact_job
 from gateway.wiring import build_deps
 
@@ -127,3 +132,32 @@ async def export_memories(config: GatewayConfig, tenant: str, user_id: str) -> d
 async def delete_memories(config: GatewayConfig, tenant: str, memory_ids: Sequence[str]) -> int:
     async with _memory(config, tenant) as service:
         return await service.delete(tenant, memory_ids)
+
+
+async def import_history(
+    config: GatewayConfig,
+    tenant: str,
+    conversations: Sequence[Imported],
+    model: str,
+    progress: Callable[[int], None],
+) -> list[str | None]:
+    """Each conversation through the tenant's pipeline (identify, ingest, persist), as if a client sent
+    its whole history in one request: stored once (an import run twice recognises what it stored), and
+    indexed and learnt from by the background jobs it queues. Returns the conversation ids."""
+    deps = build_deps(config)
+    try:
+        target = next((t for t in deps.tenants.tenants if t.name == tenant), None)
+        if target is None:
+            raise LookupError(f"no tenant {tenant!r} in this config")
+        ids: list[str | None] = []
+        for done, conversation in enumerate(conversations, 1):
+            body: JSONObject = {"model": model, "messages": list(conversation.messages)}
+            headers = [("x-user-id", conversation.user)] if conversation.user else []
+            call = ChatCall(uuid.uuid4().hex, tenant, body, orjson.dumps(body), headers, time.perf_counter())
+            await target.pipeline.prepare(call)
+            await target.pipeline.complete(call, ChatOutcome(status="complete", http_status=200))
+            ids.append(call.state.conversation_id)
+            progress(done)
+        return ids
+    finally:
+        await deps.aclose()

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from gateway.cli import main
 from gateway.fakes.openai_upstream import Reply
-from tests.conftest import GATEWAY_KEY, Gateway, Upstream, recorded, tenant, wait_for_jobs
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -78,3 +78,97 @@ def test_every_command_is_documented() -> None:
     text = README.read_text()
     documented = set(re.findall(r"context-gateway ([a-z]+)", text))
     assert set(main.commands) - documented == set(), "undocumented CLI commands"
+
+
+CHATGPT_EXPORT = [
+    {
+        "title": "Trip planning",
+        "current_node": "n4",
+        "mapping": {
+            "root": {"id": "root", "message": None, "parent": None, "children": ["n1"]},
+            "n1": {
+                "id": "n1",
+                "message": {
+                    "author": {"role": "user"},
+                    "content": {"content_type": "text", "parts": ["Plan a week in Porto."]},
+                },
+                "parent": "root",
+                "children": ["n2", "n3"],
+            },
+            "n2": {
+                "id": "n2",
+                "message": {
+                    "author": {"role": "assistant"},
+                    "content": {"content_type": "text", "parts": ["A draft nobody kept."]},
+                },
+                "parent": "n1",
+                "children": [],
+            },
+            "n3": {
+                "id": "n3",
+                "message": {
+                    "author": {"role": "assistant"},
+                    "content": {"content_type": "text", "parts": ["Day 1: Ribeira."]},
+                },
+                "parent": "n1",
+                "children": ["n4"],
+            },
+            "n4": {
+                "id": "n4",
+                "message": {
+                    "author": {"role": "user"},
+                    "content": {"content_type": "text", "parts": ["Add a food tour."]},
+                },
+                "parent": "n3",
+                "children": [],
+            },
+        },
+    }
+]
+
+
+def test_import_loads_exports_through_the_ingest_path_once(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    tenants = [tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY])]
+    gateway = make_gateway(tenants)
+    config = tmp_path / "cli.yaml"
+    config.write_text(json.dumps({"storage": gateway.config.storage.model_dump(), "tenants": tenants}))
+    ours = tmp_path / "ours.json"
+    history = [
+        {"role": "user", "content": "Our staging database is db-stg-7."},
+        {"role": "assistant", "content": "Noted: db-stg-7."},
+    ]
+    ours.write_text(json.dumps({"conversations": [{"user": "u-imp", "title": "Ops", "messages": history}]}))
+    theirs = tmp_path / "conversations.json"
+    theirs.write_text(json.dumps(CHATGPT_EXPORT))
+    runner = CliRunner()
+    base = ["--config", str(config), "--tenant", "acme"]
+
+    first = runner.invoke(main, ["import", *base, str(ours)])
+    assert first.exit_code == 0, first.output
+    assert "imported 1 conversations (2 messages)" in first.output
+    chatgpt = runner.invoke(main, ["import", *base, "--user", "u-gpt", str(theirs)])
+    assert chatgpt.exit_code == 0, chatgpt.output
+    conversations = {c["user_id"]: c for c in api(gateway, "/conversations")["data"]}
+    assert conversations["u-imp"]["message_count"] == 2
+    assert (
+        conversations["u-gpt"]["message_count"] == 3
+    )  # the path to current_node: the dropped draft left out
+    again = runner.invoke(main, ["import", *base, str(ours)])
+    assert again.exit_code == 0 and conversations["u-imp"]["id"] in again.output
+    assert len(api(gateway, "/conversations")["data"]) == 2  # nothing stored twice
+
+    # The app that owned the history continues it through the gateway: recognised, and indexed.
+    wait_for_jobs(gateway)
+    raw = gateway.client(default_headers={"X-User-Id": "u-imp"}).chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=[*history, {"role": "user", "content": "Which staging database?"}]
+    )
+    assert raw.headers["x-conversation-id"] == conversations["u-imp"]["id"]
+
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"conversations": [{"messages": [{"role": "robot", "content": "x"}]}]}))
+    refused = runner.invoke(main, ["import", *base, str(broken)])
+    assert refused.exit_code == 1 and "conversations[0].messages[0]" in refused.output
+    assert "nothing was imported" in refused.output
+    assert len(api(gateway, "/conversations")["data"]) == 2
