@@ -88,3 +88,11 @@ def test_healthz_needs_no_key(gateway: Gateway) -> None:
     response = httpx.get(f"{gateway.server.url}/healthz")
     assert response.status_code == 200
     assert response.json()["status"] == "ok"
+
+
+def test_an_error_answer_carries_its_request_id_once(gateway: Gateway) -> None:
+    response = httpx.get(
+        f"{gateway.server.url}/api/conversations/nope", headers={"Authorization": "Bearer sk-gw-acme"}
+    )
+    assert response.status_code == 404
+    assert len(response.headers.get_list("x-gateway-request-id")) == 1
