@@ -291,9 +291,15 @@ def memories_delete(config_path: str | None, tenant: str, memory_ids: tuple[str,
 
 
 @main.command()
-@click.option("--turns", default=6, show_default=True, help="How many scripted user turns to play.")
-def demo(turns: int) -> None:
-    """Play a scripted chat through the gateway against a built-in local stand-in model."""
+@click.option(
+    "--turns", default=16, show_default=True, help="Turns between the booking code and the question."
+)
+@click.option(
+    "--keep", is_flag=True, help="Keep the gateway up afterwards, for the dashboard (Ctrl+C stops)."
+)
+def demo(turns: int, keep: bool) -> None:
+    """Play a scripted story through the gateway against a built-in local stand-in model: retrieval from
+    far back, a summary, and memory in a new conversation."""
     from gateway.demo import run_demo
 
-    sys.exit(run_demo(turns, click.echo))
+    sys.exit(run_demo(turns, click.echo, keep=keep))
