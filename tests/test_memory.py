@@ -730,3 +730,32 @@ def test_memories_on_the_command_line(remembering: Gateway, upstream: Upstream, 
         main, ["memories", "list", "--config", str(config), "--tenant", "globex", "--user", "ana"]
     )
     assert nobody.exit_code == 1 and "no long-term memory" in nobody.output
+
+
+def test_a_memory_is_not_repeated_to_the_conversation_that_still_shows_its_source(
+    remembering: Gateway, upstream: Upstream
+) -> None:
+    client = remembering.client(default_headers={"X-User-Id": "ana"})
+    history: list[Any] = [
+        {"role": "user", "content": "Our billing service runs on Postgres 16 with pgbouncer in front."}
+    ]
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=history)
+    recorded(remembering, raw.headers["x-gateway-request-id"])
+    wait_for_jobs(remembering)
+    assert any("pgbouncer" in c for c in contents(remembering))
+    history += [
+        {"role": "assistant", "content": raw.parse().choices[0].message.content},
+        {"role": "user", "content": "Which pgbouncer pool mode suits our billing database?"},
+    ]
+    again = client.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=history)
+    # The fact is right there in the window: not repeated among the relevant memories (the profile, a
+    # document about the user at large, is still shown).
+    assert "Relevant to this question" not in injected(upstream)
+    recorded(remembering, again.headers["x-gateway-request-id"])
+    report = httpx.get(
+        f"{remembering.server.url}/api/requests/{again.headers['x-gateway-request-id']}",
+        headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+    ).json()["report"]
+    assert report["sections"]["memory"]["in_window"] >= 1
+    ask(remembering, "Which pgbouncer pool mode suits our billing database?")  # a new conversation
+    assert "Postgres 16 with pgbouncer" in injected(upstream)

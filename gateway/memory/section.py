@@ -193,11 +193,22 @@ class MemorySection:
                 profile_used = True
             else:
                 detail["profile_skipped"] = "over its allowance"
-        room = max(int(allowance * STANDING_SHARE), used) if found.relevant else allowance
-        standing, used = _take("Standing preferences and facts:", found.standing, room, used, count, lines)
-        ranked = {r.memory.id: r for r in found.relevant}
+        # A memory learnt from messages the model is sent anyway (this conversation's window) says
+        # nothing new: it is left out, not repeated.
+        sent = {item.node_id for item in (*build.window, *build.current) if item.node_id is not None}
+
+        def in_window(memory: Memory) -> bool:
+            return bool(memory.sources) and all(source.message_id in sent for source in memory.sources)
+
+        pool = [m for m in found.standing if not in_window(m)]
+        candidates = [r for r in found.relevant if not in_window(r.memory)]
+        if len(pool) + len(candidates) < len(found.standing) + len(found.relevant):
+            detail["in_window"] = len(found.standing) + len(found.relevant) - len(pool) - len(candidates)
+        room = max(int(allowance * STANDING_SHARE), used) if candidates else allowance
+        standing, used = _take("Standing preferences and facts:", pool, room, used, count, lines)
+        ranked = {r.memory.id: r for r in candidates}
         chosen, used = _take(
-            "Relevant to this question:", [r.memory for r in found.relevant], allowance, used, count, lines
+            "Relevant to this question:", [r.memory for r in candidates], allowance, used, count, lines
         )
         relevant: list[JSON] = [
             {
