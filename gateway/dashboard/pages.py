@@ -88,6 +88,12 @@ class Dashboard:
         response.headers["cache-control"] = "no-store"
         return response
 
+    def expired(self, request: Request, tenant: str | None = None) -> HTMLResponse:
+        """A changing form whose CSRF token does not check out: refused, nothing done."""
+        return self.render(
+            request, "error.html", 403, tenant=tenant, message="This form has expired: reload the page."
+        )
+
     def _tenant(self, request: Request) -> Tenant | None:
         deps: Deps = request.state.deps
         header = request.headers.get("authorization", "")
@@ -149,7 +155,7 @@ class Dashboard:
         form = await request.form()
         cookie = request.cookies.get(COOKIE)
         if not self.sessions.csrf_ok(cookie, str(form.get("csrf", ""))):
-            return self.render(request, "error.html", 403, message="This form has expired: reload the page.")
+            return self.expired(request)
         response = RedirectResponse("/dashboard/login", 303)
         response.delete_cookie(COOKIE, path="/dashboard")
         return response
@@ -266,13 +272,7 @@ class Dashboard:
     async def retry_job(self, request: Request, tenant: Tenant) -> Response:
         deps: Deps = request.state.deps
         if not await self._csrf(request):
-            return self.render(
-                request,
-                "error.html",
-                403,
-                tenant=tenant.name,
-                message="This form has expired: reload the page.",
-            )
+            return self.expired(request, tenant.name)
         queued = await deps.jobs.retry(tenant.name, request.path_params["job_id"])
         return RedirectResponse(f"/dashboard/jobs?done={'queued' if queued else 'not-queued'}", 303)
 
@@ -320,13 +320,7 @@ class Dashboard:
         """The memory a form names, once its CSRF token checks out (bearer callers need none)."""
         deps: Deps = request.state.deps
         if not await self._csrf(request):
-            return self.render(
-                request,
-                "error.html",
-                403,
-                tenant=tenant.name,
-                message="This form has expired: reload the page.",
-            )
+            return self.expired(request, tenant.name)
         service = deps.memory_service(tenant.name)
         memory = await service.store.get(tenant.name, request.path_params["memory_id"]) if service else None
         if service is None or memory is None:
