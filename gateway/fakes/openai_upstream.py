@@ -177,15 +177,7 @@ class FakeUpstream:
         if reply.delay:
             await asyncio.sleep(reply.delay)
         if reply.status != 200:
-            error = reply.error or {
-                "message": "fake upstream error",
-                "type": "server_error",
-                "param": None,
-                "code": None,
-            }
-            return Response(
-                orjson.dumps({"error": error}), status_code=reply.status, media_type="application/json"
-            )
+            return _error_answer(reply)
         completion_id = f"chatcmpl-fake{next(self._ids)}"
         created = int(time.time())
         model = body.get("model") if isinstance(body.get("model"), str) else self.model
@@ -219,15 +211,7 @@ class FakeUpstream:
         body = await self._remember(request)
         reply = self.next_reply({"messages": _responses_messages(body.get("input"))})
         if reply.status != 200:
-            error = reply.error or {
-                "message": "fake upstream error",
-                "type": "server_error",
-                "param": None,
-                "code": None,
-            }
-            return Response(
-                orjson.dumps({"error": error}), status_code=reply.status, media_type="application/json"
-            )
+            return _error_answer(reply)
         number = next(self._ids)
         output: list[JSON] = []
         if reply.reasoning:
@@ -403,6 +387,17 @@ def _stream_frames(cid: str, created: int, model: str, reply: Reply, usage: JSON
         frames.append(b"data: " + orjson.dumps(tail) + b"\n\n")
     frames.append(b"data: [DONE]\n\n")
     return frames
+
+
+def _error_answer(reply: Reply) -> Response:
+    """A scripted failure in OpenAI's error shape (the same for chat completions and responses)."""
+    error = reply.error or {
+        "message": "fake upstream error",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    return Response(orjson.dumps({"error": error}), status_code=reply.status, media_type="application/json")
 
 
 def _responses_messages(items: JSON) -> list[JSON]:
