@@ -238,7 +238,7 @@ def main() -> None:
     for variant in variants:
         scores = recall[variant]
         everything = [v for values in scores.values() for v in values]
-        cells = [f"{statistics.mean(scores[c]):.1%}" if scores[c] else "-" for c in CATEGORIES]
+        cells = [f"{statistics.mean(scores[c]):.1%}" if scores[c] else "-" for c in CATEGORIES.values()]
         print(f"| {variant} | {statistics.mean(everything):.1%} | " + " | ".join(cells) + " |")
     print(
         f"\nmemory section p50/p95: {percentile(section_ms, 0.5):.2f} / {percentile(section_ms, 0.95):.2f} ms; "
