@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.pipeline.context.question import analyse, contains_term, exact_terms, time_range_of
+from gateway.pipeline.context.question import analyse, contains_term, exact_terms, named_terms, time_range_of
 
 NOW = datetime(2026, 3, 18, 15, 30, tzinfo=UTC)  # a Wednesday
 
@@ -46,6 +46,24 @@ def test_exact_terms_are_identifiers_numbers_and_quotes() -> None:
     terms = exact_terms('Why did parse_config.py raise E1234 on port 8443 after "the big refactor"?')
     assert {"parse_config.py", "e1234", "8443", "the big refactor"} <= set(terms)
     assert "why" not in terms and "port" not in terms
+
+
+def test_names_and_reasons() -> None:
+    assert named_terms("Then Chen Jie owns ledger-api, says Priya.") == ("ledger-api", "chen jie", "priya")
+    assert named_terms("The build is green. Okay.") == ()
+    assert analyse("Why did we drop Redis?", NOW).asks_why
+    assert analyse("我们为什么决定用 Kafka？", NOW).asks_why
+    assert analyse("Redis를 왜 뺐지?", NOW).asks_why
+    assert not analyse("Which port does ledger-api use?", NOW).asks_why
+
+
+def test_kebab_case_names_are_exact_terms() -> None:
+    """Services, hosts and packages are spelled like this; a hyphen alone (e-mail) is no name."""
+    assert exact_terms("Which port does ledger-api listen on?") == ("ledger-api",)
+    assert exact_terms("Is session-broker's pool full?") == ("session-broker",)
+    assert exact_terms("send an e-mail about the x-ray") == ()
+    assert exact_terms("ledger-api里的端口是多少？") == ("ledger-api",)
+    assert "k8s-node-12" in exact_terms("what runs on k8s-node-12")
 
 
 def test_past_pointing_questions() -> None:

@@ -134,6 +134,92 @@ def test_an_error_code_500_turns_back_is_retrieved(
     assert "[date unknown]" in injected(upstream)
 
 
+def test_a_fact_chained_through_two_turns_is_found_by_a_second_hop(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """The question names the job; only the turn about the job names the host, and only the host's turn
+    says the region: the second search, for what the first match names, finds it among turns that talk
+    about regions and machines in the question's own words."""
+    gateway = gateway_with(make_gateway, upstream, context={"budget_tokens": 600})
+    distractors = [
+        {"role": "user", "content": f"In which region should the machine that runs the {kind} job be?"}
+        for kind in (
+            "build",
+            "test",
+            "staging",
+            "batch",
+            "GPU",
+            "cache",
+            "backup",
+            "report",
+            "billing",
+            "search",
+            "mail",
+            "audit",
+            "import",
+            "cleanup",
+            "metrics",
+            "invoice",
+        )
+    ]
+    history = [
+        {"role": "user", "content": "The nightly-export job runs on etl-07 now."},
+        {"role": "assistant", "content": "Noted."},
+        *filler(60),
+        {"role": "user", "content": "Heads up, etl-07 is physically in eu-west-1."},
+        {"role": "assistant", "content": "Good to know."},
+        *filler(30, offset=5),
+        *[m for d in distractors for m in (d, {"role": "assistant", "content": "It depends on the prices."})],
+        *filler(60, offset=3),
+        {"role": "user", "content": "Thanks, that is all for now."},
+    ]
+    say(gateway, history)
+    wait_for_jobs(gateway, timeout=600)
+    history += [
+        {"role": "assistant", "content": upstream.fake.last_chat().body["messages"][-1]["content"]},
+        {"role": "user", "content": "In which region is the machine that runs the nightly-export job?"},
+    ]
+    raw = say(gateway, history)
+    context = injected(upstream)
+    assert "The nightly-export job runs on etl-07 now." in context
+    assert "etl-07 is physically in eu-west-1" in context
+    retrieval = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]["sections"][
+        "retrieval"
+    ]
+    assert "etl-07" in retrieval["hop"]
+
+
+def test_a_why_question_gets_the_reason_said_after_the_decision(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """The reason follows the decision, after the assistant asked for it, in words of its own."""
+    gateway = gateway_with(make_gateway, upstream)
+    history = [
+        *filler(40),
+        {"role": "user", "content": "We decided to move billing-worker from RabbitMQ to Kafka."},
+        {"role": "assistant", "content": "Okay, go on."},
+        {
+            "role": "user",
+            "content": "The auditors want thirty days of events replayed, the old broker drops them.",
+        },
+        {"role": "assistant", "content": "Understood."},
+        *filler(80, offset=2),
+        {"role": "user", "content": "Thanks, that is all for now."},
+    ]
+    say(gateway, history)
+    wait_for_jobs(gateway, timeout=600)
+    history += [
+        {"role": "assistant", "content": upstream.fake.last_chat().body["messages"][-1]["content"]},
+        {"role": "user", "content": "Why did we decide to move billing-worker from RabbitMQ to Kafka?"},
+    ]
+    raw = say(gateway, history)
+    assert "The auditors want thirty days of events replayed" in injected(upstream)
+    # In one group with the decision (depth 80), reaching past the assistant's turn to the reason (82).
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    groups = report["sections"]["retrieval"]["groups"]
+    assert any(g["from"] <= 80 and g["to"] >= 82 for g in groups), groups
+
+
 def test_a_paraphrase_is_found_by_meaning(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> None:
     gateway = gateway_with(make_gateway, upstream)
     client = gateway.client()

@@ -12,6 +12,17 @@ CJK = "\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\
 _CJK_RUN = re.compile(f"[{CJK}]{{2,}}")
 
 
+_CJK_CHAR = re.compile(f"[{CJK}]")
+_LATIN = re.compile(r"[A-Za-z]")
+
+
+def mostly_cjk(text: str) -> bool:
+    """Whether `text` is written mostly in Chinese, Japanese or Korean (English identifiers inside it
+    included): a CJK character weighs about as much as a three-letter stretch of Latin text."""
+    cjk = len(_CJK_CHAR.findall(text))
+    return cjk > 0 and cjk * 3 >= len(_LATIN.findall(text))
+
+
 def cjk_bigrams(text: str) -> str:
     """`text` with every run of CJK characters spelled as its overlapping character bigrams, the classic
     unit for indexing text without spaces ("端口改成" -> "端口 口改 改成"); other text unchanged."""

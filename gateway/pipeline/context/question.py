@@ -58,6 +58,8 @@ _QUOTED = re.compile(r"[\"“'`]([^\"”'`]{3,80})[\"”'`]")
 
 # A CJK letter does not end an English identifier ("parse_config.py里的" names the file).
 _WORD_CHAR = rf"[^\W{CJK}]"
+# Kebab-case names ("ledger-api", "session-broker"): how services, hosts and packages are spelled.
+_KEBAB = re.compile(rf"(?<!{_WORD_CHAR}|-)[A-Za-z][a-z0-9]+(?:-[a-z0-9]{{2,}})+(?!{_WORD_CHAR}|-)")
 
 # Chinese and Korean time phrases, rewritten to the English ones below before they are read. Order
 # matters: "3个月前" (3 months ago) before "3月" (March), "十二月" before "二月".
@@ -138,6 +140,11 @@ _LOCAL_PAST = re.compile(
 )
 
 
+_WHY = re.compile(
+    r"\bwhy\b|\bhow come\b|\breasons?\b|\bwhat (?:made|drove|led)\b|为什么|為什麼|为何|為何|原因|理由|왜|이유"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class TimeRange:
     since: datetime | None
@@ -150,6 +157,7 @@ class QuestionFacts:
     about_past: bool
     time_range: TimeRange | None
     terms: tuple[str, ...]  # exact terms to look for verbatim (lower-cased)
+    asks_why: bool = False  # asks for a reason ("why", "what was the reason", "为什么", "왜")
 
 
 def analyse(question: str, now: datetime) -> QuestionFacts:
@@ -160,18 +168,45 @@ def analyse(question: str, now: datetime) -> QuestionFacts:
         about_past=time_range is not None or past,
         time_range=time_range,
         terms=exact_terms(question),
+        asks_why=_WHY.search(lowered) is not None,
     )
 
 
 def exact_terms(question: str) -> tuple[str, ...]:
     terms = [m.group(1).strip() for m in _QUOTED.finditer(question)]
     terms += [m.group(0).strip(".,:;/-") for m in _TERM.finditer(question)]
+    terms += [m.group(0) for m in _KEBAB.finditer(question)]
     seen: dict[str, None] = {}
     for term in terms:
         # "10" or "e.g" would match nearly anything: a term needs three characters.
         if len(re.sub(r"[\W_]", "", term)) >= 3 and not term.startswith("<"):
             seen.setdefault(term.lower(), None)
     return tuple(seen)
+
+
+# Capitalised words that start sentences rather than name anyone.
+_STARTERS = (
+    "a an and also any are as at be but by can could did do does for from got good had has have he her "
+    "here his how i if in is it its just let lets maybe me my no noted now of ok okay on or our she so "
+    "sure thanks thank that the their then there these they this those to up us was we were what when "
+    "where which who why will with would yes yet you your fyi heads reminder update scratch change "
+    "great hi hey hello please right well monday tuesday wednesday thursday friday saturday sunday"
+)
+_NOT_NAMES = frozenset(_STARTERS.split()) | frozenset(_MONTHS)
+_CAPITALISED = re.compile(r"(?<![\w-])[A-Z][^\W\d_]{2,}(?:\s+[A-Z][^\W\d_]{2,})*")
+
+
+def named_terms(text: str) -> tuple[str, ...]:
+    """What a message names (lower-cased): its exact terms and its capitalised names ("Priya",
+    "Chen Jie"), the leads of a second search."""
+    names = []
+    for match in _CAPITALISED.finditer(text):
+        words = match.group(0).lower().split()
+        while words and words[0] in _NOT_NAMES:  # "Then Chen Jie": the name is "chen jie"
+            words.pop(0)
+        if words:
+            names.append(" ".join(words))
+    return tuple(dict.fromkeys([*exact_terms(text), *names]))
 
 
 def contains_term(text: str, term: str) -> bool:

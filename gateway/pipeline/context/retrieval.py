@@ -23,10 +23,16 @@ import anyio
 from gateway.config import RetrievalConfig
 from gateway.errors import EmbeddingError, StoreError
 from gateway.pipeline.call import HistoryItem, QuestionVector
-from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term, exact_terms
+from gateway.pipeline.context.question import (
+    QuestionFacts,
+    analyse,
+    contains_term,
+    exact_terms,
+    named_terms,
+)
 from gateway.pipeline.context.section import BuildInput, Proposal
-from gateway.pipeline.text import message_text
-from gateway.ports import Embedder, JobQueue, JSONObject, MessageStore, VectorIndex
+from gateway.pipeline.text import message_text, mostly_cjk
+from gateway.ports import JSON, Embedder, JobQueue, JSONObject, MessageStore, VectorIndex
 from gateway.records import EMBED, IndexBacklog, IndexHit, SearchQuery, SearchResult, embed_key_prefix
 
 RRF_K = 30  # measured on LoCoMo (benchmarks/locomo.py): 30 ranked a little better than the usual 60
@@ -40,6 +46,11 @@ RECALL_SIMILARITY = 0.5
 # MiniLM's 0.35 and 0.5 lie at their 77th and 97th percentiles, e5's 0.80 and 0.84 there; e5 puts the
 # median unrelated turn at 0.78 where MiniLM puts it at 0.25).
 SIMILARITY_BANDS = {"multilingual-e5-small-q4": (0.80, 0.84)}
+# Models that read English only: on a question written mostly in Chinese, Japanese or Korean their
+# ranking is close to noise, so it counts this much of the keyword ranking (measured on the Chinese
+# work-chat set, benchmarks/workchat.py).
+ENGLISH_ONLY = frozenset({"all-MiniLM-L6-v2-int8"})
+FOREIGN_SEMANTIC_WEIGHT = 0.25
 NEIGHBOUR_SHARE = 0.5
 HEADER = "## Retrieved from earlier in this conversation (verbatim, oldest first)"
 OTHER_HEADER = "## Retrieved from this user's other conversations (verbatim)"
@@ -47,6 +58,15 @@ DATE_LINE_TOKENS = 12  # "[2023-05-08 13:56]" and its line break
 SEPARATOR_TOKENS = 2  # the line break or "…" between groups
 MIN_GROUP_TOKENS = 12  # less room than this holds no message
 OTHER_MAX = 3  # groups from other conversations: each costs a store read
+# The second hop: identifiers that the best matches name and the question does not ("nightly-export
+# runs on etl-07" for "where does nightly-export run?") are searched for too, and what holds them ranks
+# at HOP_SHARE of the match that named them, less further down the keyword ranking.
+# A term held by more of the candidates than this weighs proportionally less.
+RARE_TERM = 4
+HOP_FROM = 2
+HOP_LIMIT = 10
+HOP_SHARE = 0.8
+HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere in particular
 LINE_CACHE_SIZE = 50_000
 
 
@@ -196,7 +216,7 @@ class RetrievalSection:
                 "unembedded": backlog.unembedded,
             }
         searched = time.perf_counter()
-        candidates = _fuse(result)
+        candidates = _fuse(result, self._semantic_weight(question))
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
             # A thin client's history holds only the newest stretch: read the whole path once.
             try:
@@ -219,10 +239,22 @@ class RetrievalSection:
         found.matched_terms = sorted(
             {t for t in facts.terms for text in texts.values() if contains_term(text, t)}
         )
+        # An exact term is worth most where it is rare: an error code said once picks its message out,
+        # a service name said in every other turn hardly ranks anything.
+        holding = {
+            t: sum(t in text and contains_term(text, t) for text in texts.values())
+            for t in found.matched_terms
+        }
+        weight = {t: 2.0 / RRF_K * min(1.0, RARE_TERM / n) for t, n in holding.items()}
         for c in on_path:
-            c.score += sum(2.0 / RRF_K for t in facts.terms if contains_term(texts[c.node_id], t))
+            text = texts[c.node_id]
+            c.score += sum(w for t, w in weight.items() if t in text and contains_term(text, t))
             c.score += 0.1 / RRF_K * positions[c.node_id] / max(len(path), 1)  # recency breaks ties
         on_path.sort(key=lambda c: c.score, reverse=True)
+        hopped = time.perf_counter()
+        if hop := await self._hop(query, found, on_path, path, positions, recent, texts):
+            found.detail["hop"] = list[JSON](hop)
+        found.timings["hop"] = time.perf_counter() - hopped
         found.path, found.positions, found.first_depth, found.on_path = path, positions, first_depth, on_path
         found.detail.update(
             {
@@ -237,12 +269,66 @@ class RetrievalSection:
         )
         if time_range is not None:
             found.detail["time_range"] = time_range.phrase
-        found.timings = {
-            "embed": embed_seconds,  # waiting for the question's vector; the keyword search runs meanwhile
-            "search": searched - started - embed_seconds,
-            "rank": time.perf_counter() - searched,
-        }
+        found.timings.update(
+            {
+                "embed": embed_seconds,  # waiting for the question's vector; the keyword search runs meanwhile
+                "search": searched - started - embed_seconds,
+                "rank": time.perf_counter() - searched - found.timings["hop"],
+            }
+        )
         return found
+
+    async def _hop(
+        self,
+        query: SearchQuery,
+        found: _Found,
+        ranked: list[_Candidate],
+        path: list[HistoryItem],
+        positions: dict[str, int],
+        recent: set[str | None],
+        texts: dict[str, str],
+    ) -> list[str]:
+        """The second hop (see HOP_SHARE): one more keyword search, for the identifiers and names the
+        best matches hold and the question does not; re-sorts `ranked`. Returns the terms searched."""
+        asked = query.text.lower()
+        # Matched by a search (not only a neighbour's), and holding the question's own terms if any do.
+        searched = [c for c in ranked if c.views]
+        own = [c for c in searched if any(contains_term(texts[c.node_id], t) for t in found.matched_terms)]
+        named: dict[str, _Candidate] = {}
+        for source in (own or searched)[:HOP_FROM]:
+            for term in named_terms(message_text(path[positions[source.node_id]].message)):
+                if contains_term(asked, term) or term in named:
+                    continue
+                # Said all over the conversation (a speaker's name, a word like "keep-alive"): no lead.
+                if sum(term in text and contains_term(text, term) for text in texts.values()) <= HOP_COMMON:
+                    named[term] = source
+        if not named:
+            return []
+        try:
+            result = await self.index.search(
+                replace(query, text=" ".join(named), vector=None, limit=HOP_LIMIT)
+            )
+        except StoreError:
+            return []  # the first hop's ranking stands
+        by_node = {c.node_id: c for c in ranked}
+        for rank, hit in enumerate(result.keyword):
+            if hit.node_id not in positions or hit.node_id in recent:
+                continue
+            text = texts.get(hit.node_id)
+            if text is None:
+                text = texts[hit.node_id] = message_text(path[positions[hit.node_id]].message).lower()
+            sources_of = [s for t, s in named.items() if contains_term(text, t) and s.node_id != hit.node_id]
+            if not sources_of:
+                continue  # matched a piece of a term only ("etl" of "etl-07")
+            candidate = by_node.get(hit.node_id)
+            if candidate is None:
+                candidate = by_node[hit.node_id] = _Candidate(hit.node_id, created_at=hit.created_at)
+                ranked.append(candidate)
+            candidate.score += HOP_SHARE * max(s.score for s in sources_of) / (1 + rank)
+            candidate.views.append(hit.view)
+            found.dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
+        ranked.sort(key=lambda c: c.score, reverse=True)
+        return list(named)
 
     async def propose(self, build: BuildInput, allowance: int) -> Proposal:
         found = build.memo.get(self.name)
@@ -259,8 +345,11 @@ class RetrievalSection:
         other_best = max((h.score for h in found.other.semantic), default=0.0) if found.other else 0.0
         keep = allowance // 2 if other_best > max(found.best_similarity, self.band[0]) else 0
         if "skipped" not in detail:
+            # A reason usually follows what it explains ("we chose X." "why?" "because..."): a "why"
+            # question's groups reach one message further forward.
+            after = self.config.neighbours + found.facts.asks_why
             groups = self._groups(
-                build, path, positions, found.on_path, recent, allowance - keep, found.dates
+                build, path, positions, found.on_path, recent, allowance - keep, found.dates, after
             )
         others: list[_Group] = []
         if found.other is not None:
@@ -375,6 +464,12 @@ class RetrievalSection:
                 out.append(group)
         return out
 
+    def _semantic_weight(self, question: str) -> float:
+        model = self.embedder.model if self.embedder is not None else ""
+        if model in ENGLISH_ONLY and mostly_cjk(question):
+            return FOREIGN_SEMANTIC_WEIGHT
+        return 1.0
+
     async def _backlog(self, tenant: str, conversation_id: str | None) -> IndexBacklog | None:
         if self.jobs is None or conversation_id is None:
             return None
@@ -402,8 +497,10 @@ class RetrievalSection:
         recent: set[int],
         allowance: int,
         dates: dict[str, datetime | None],
+        after: int | None = None,  # messages after a hit (default: `neighbours`)
     ) -> list[_Group]:
         n = self.config.neighbours
+        forward = n if after is None else after
         taken: set[int] = set(recent)
         groups: list[_Group] = []
         days: set[date | None] = set()
@@ -416,7 +513,7 @@ class RetrievalSection:
                 continue
             if above and _said_above(path[at].message, above):
                 continue  # every identifier of it is in the summary verbatim: it adds nothing
-            start, end = _tool_safe(path, max(at - n, 0), min(at + n, len(path) - 1))
+            start, end = _tool_safe(path, max(at - n, 0), min(at + forward, len(path) - 1))
             span = [i for i in range(start, end + 1) if i not in taken]
             if not span:
                 continue
@@ -507,20 +604,20 @@ def _question(current: list[HistoryItem]) -> str:
     return message_text(current[0].message) if current else ""
 
 
-def _fuse(result: SearchResult) -> list[_Candidate]:
+def _fuse(result: SearchResult, semantic_weight: float = 1.0) -> list[_Candidate]:
     """Reciprocal-rank fusion over both rankings, every view of a message adding to its score."""
     by_node: dict[str, _Candidate] = {}
 
-    def add(hits: list[IndexHit]) -> None:
+    def add(hits: list[IndexHit], weight: float = 1.0) -> None:
         for rank, hit in enumerate(hits):
             candidate = by_node.setdefault(hit.node_id, _Candidate(hit.node_id))
-            candidate.score += 1.0 / (RRF_K + rank)
+            candidate.score += weight / (RRF_K + rank)
             # An undated hit (history that arrived at once) has no date to show.
             candidate.created_at = candidate.created_at or (hit.created_at if hit.dated else None)
             candidate.conversation_id = hit.conversation_id
             candidate.views.append(hit.view)
 
-    add(result.semantic)
+    add(result.semantic, semantic_weight)
     add(result.keyword)
     return sorted(by_node.values(), key=lambda c: c.score, reverse=True)
 
