@@ -58,11 +58,11 @@ DATE_LINE_TOKENS = 12  # "[2023-05-08 13:56]" and its line break
 SEPARATOR_TOKENS = 2  # the line break or "…" between groups
 MIN_GROUP_TOKENS = 12  # less room than this holds no message
 OTHER_MAX = 3  # groups from other conversations: each costs a store read
-# The second hop: identifiers that the best matches name and the question does not ("nightly-export
-# runs on etl-07" for "where does nightly-export run?") are searched for too, and what holds them ranks
-# at HOP_SHARE of the match that named them, less further down the keyword ranking.
-# A term held by more of the candidates than this weighs proportionally less.
+# An exact term of the question held by more of the candidates than this weighs proportionally less.
 RARE_TERM = 4
+# The second hop: identifiers and names that the HOP_FROM best matches hold and the question does not
+# ("nightly-export runs on etl-07" for "where does nightly-export run?") are searched for too, and what
+# holds them ranks at HOP_SHARE of the match that named them, less further down the keyword ranking.
 HOP_FROM = 2
 HOP_LIMIT = 10
 HOP_SHARE = 0.8
