@@ -75,6 +75,13 @@ class StoreError(GatewayError):
     code = "store_unavailable"
 
 
+class ConversationDeleted(StoreError):
+    """The conversation was deleted while a request was writing to it (an answer still streaming when
+    the DELETE landed, or another replica's cache naming a deleted conversation): nothing was written."""
+
+    code = "conversation_deleted"
+
+
 class SearchIndexError(StoreError):
     code = "index_unavailable"
 

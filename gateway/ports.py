@@ -135,9 +135,15 @@ class MessageStore(Protocol):
         least that many tokens; with `newest_messages`, at most that many (the node included)."""
         ...
 
-    async def append(self, request: AppendRequest) -> str: ...
+    async def append(self, request: AppendRequest) -> str:
+        """Store new messages (creating the conversation when `conversation_id` is None); raises
+        ConversationDeleted when the named conversation no longer exists."""
+        ...
 
-    async def complete(self, record: RequestRecord, answer: AppendRequest | None) -> None: ...
+    async def complete(self, record: RequestRecord, answer: AppendRequest | None) -> bool:
+        """Store the request record and its answer in one transaction; False when the answer's
+        conversation was deleted meanwhile (the answer is dropped, the record kept unlinked)."""
+        ...
 
     async def list_conversations(
         self, tenant: str, *, limit: int = 50, user_id: str | None = None, offset: int = 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from gateway.errors import ConversationDeleted
 from gateway.ports import MessageStore
 from gateway.records import (
     AppendRequest,
@@ -67,14 +68,24 @@ class CachedMessageStore:
         return path
 
     async def append(self, request: AppendRequest) -> str:
-        conversation_id = await self.inner.append(request)
+        try:
+            conversation_id = await self.inner.append(request)
+        except ConversationDeleted:
+            # Deleted, perhaps through another replica: this cache must stop recognising it.
+            if request.conversation_id is not None:
+                self._forget(request.tenant, {request.conversation_id})
+            raise
         self._remember(request, conversation_id)
         return conversation_id
 
-    async def complete(self, record: RequestRecord, answer: AppendRequest | None) -> None:
-        await self.inner.complete(record, answer)
+    async def complete(self, record: RequestRecord, answer: AppendRequest | None) -> bool:
+        stored = await self.inner.complete(record, answer)
         if answer is not None and answer.conversation_id is not None:
-            self._remember(answer, answer.conversation_id)
+            if stored:
+                self._remember(answer, answer.conversation_id)
+            else:
+                self._forget(answer.tenant, {answer.conversation_id})
+        return stored
 
     def _remember(self, request: AppendRequest, conversation_id: str) -> None:
         for m in request.messages:
@@ -110,14 +121,19 @@ class CachedMessageStore:
         deleted = set(
             await self.inner.delete_conversations(tenant, conversation_id=conversation_id, user_id=user_id)
         )
-        # A deleted history sent again must be stored again, not recognised from this cache. (Other
-        # replicas' caches keep their nodes until evicted: see the README's note on deletion.)
+        # A deleted history sent again must be stored again, not recognised from this cache. Other
+        # replicas find out on their next write to it (ConversationDeleted, above).
+        self._forget(tenant, deleted)
+        return sorted(deleted)
+
+    def _forget(self, tenant: str, conversations: set[str]) -> None:
         stale = [
-            key for key, node in self._nodes.items() if key[0] == tenant and node.conversation_id in deleted
+            key
+            for key, node in self._nodes.items()
+            if key[0] == tenant and node.conversation_id in conversations
         ]
         for key in stale:
             del self._nodes[key]
-        return sorted(deleted)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -369,7 +369,7 @@ class ResponsesDoor(_ChatUpstream):
 
     async def stored(self, call: ChatCall, outcome: ChatOutcome) -> None:
         body = self._stream.finish() if self._stream is not None else self._answer
-        if body is None or outcome.status == "failed":
+        if body is None or outcome.status == "failed" or call.state.conversation_deleted:
             return
         await self._responses.save_response(
             StoredResponse(
@@ -439,6 +439,8 @@ class NativeResponsesDoor(ResponsesDoor):
         body = self._relay.final if self._relay is not None else self._body
         response_id = body.get("id") if body is not None else None
         if body is None or not isinstance(response_id, str) or outcome.status == "failed":
+            return
+        if call.state.conversation_deleted:  # deleted while it answered: the answer is kept nowhere
             return
         await self._responses.save_response(
             StoredResponse(

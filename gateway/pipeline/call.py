@@ -54,6 +54,8 @@ class CallState:
     user_id: str | None = None
     leaf_id: str | None = None  # the newest stored message of the request: the answer's parent
     answer_id: str | None = None  # the stored answer's node, once persisted
+    # The conversation was deleted while this request answered: its answer is kept nowhere.
+    conversation_deleted: bool = False
     leaf_depth: int = -1
     leaf_path_tokens: int = 0
     appended: int = 0  # messages this request added to the store (the answer not counted)

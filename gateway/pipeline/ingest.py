@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gateway.config import IdentityConfig
+from gateway.errors import ConversationDeleted
 from gateway.pipeline.call import CallState, ChatCall, HistoryItem
 from gateway.pipeline.canonical import chain_hashes, root_hash
 from gateway.pipeline.identify import Identity, explicit_identity
@@ -58,6 +59,14 @@ class IngestStep:
     coverage_tokens: int = 0
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
+        try:
+            return await self._ingest(call, payload)
+        except ConversationDeleted:
+            # Recognised from a cache that still held a conversation deleted meanwhile (through another
+            # replica): the store has forgotten it now, so identify the request once more.
+            return await self._ingest(call, payload)
+
+    async def _ingest(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
         body = payload.data
         messages = [m for m in body["messages"] if isinstance(m, dict)]  # type: ignore[union-attr]
         tokenizer = self.tokenizers.for_model(str(body.get("model")))

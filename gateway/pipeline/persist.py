@@ -89,9 +89,11 @@ class PersistStep:
             latency_ms=(time.perf_counter() - call.started) * 1000,
             created_at=datetime.now(UTC),
         )
-        await self.store.complete(record, answer)
-        if answer is not None and answer.messages:
+        stored = await self.store.complete(record, answer)
+        if stored and answer is not None and answer.messages:
             state.answer_id = answer.messages[0].id
+        elif not stored:
+            state.conversation_id, state.conversation_deleted = None, True
 
     def _memory_job(self, call: ChatCall) -> NewJob | None:
         """Extraction of the user turns this request brought (one pending job per conversation reads

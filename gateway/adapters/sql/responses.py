@@ -11,6 +11,7 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import SQLModel
 
+from gateway.adapters.sql.store import HOLD_CONVERSATION
 from gateway.adapters.sql.tables import ResponseRow
 from gateway.errors import StoreError
 from gateway.records import StoredResponse
@@ -42,6 +43,10 @@ class SqlResponseStore:
 
         def run() -> None:
             with self.engine.begin() as connection:
+                if response.conversation_id is not None:
+                    held = {"held_id": response.conversation_id, "held_tenant": response.tenant}
+                    if connection.execute(HOLD_CONVERSATION, held).rowcount == 0:
+                        return  # deleted meanwhile: the answer is kept nowhere
                 connection.execute(insert(_RESPONSES), [row])
 
         await self._run(run)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -35,7 +36,7 @@ from gateway.adapters.sql.tables import (
     SummaryRow,
     utcnow,
 )
-from gateway.errors import StoreError
+from gateway.errors import ConversationDeleted, StoreError
 from gateway.ports import JSONObject
 from gateway.records import (
     AppendRequest,
@@ -106,6 +107,13 @@ def _path_statement() -> Select[*tuple[Any, ...]]:
 
 
 _PATH = _path_statement()
+# Locks an existing conversation's row for the rest of the transaction (a concurrent DELETE waits, or
+# has already removed it: no row).
+HOLD_CONVERSATION = (
+    update(_CONVERSATIONS)
+    .where(_CONVERSATIONS.c.id == bindparam("held_id"), _CONVERSATIONS.c.tenant == bindparam("held_tenant"))
+    .values(updated_at=_CONVERSATIONS.c.updated_at)
+)
 _TOUCH_CONVERSATION = (
     update(_CONVERSATIONS)
     .where(_CONVERSATIONS.c.id == bindparam("conversation_id"))
@@ -278,6 +286,10 @@ class SqlStore:
                 # Another request created this named conversation first: join it.
                 by_external = {"tenant": request.tenant, "external_id": request.external_id}
                 conversation_id = connection.execute(_CONVERSATION_BY_EXTERNAL, by_external).first()[0]  # type: ignore[index]
+        else:
+            held = {"held_id": conversation_id, "held_tenant": request.tenant}
+            if connection.execute(HOLD_CONVERSATION, held).rowcount == 0:
+                raise ConversationDeleted(f"conversation {conversation_id} was deleted")
         enqueue_in(connection, request.jobs)
         if not request.messages:
             return conversation_id
@@ -308,16 +320,25 @@ class SqlStore:
         connection.execute(_TOUCH_CONVERSATION, params)
         return conversation_id
 
-    async def complete(self, record: RequestRecord, answer: AppendRequest | None) -> None:
-        await self._run(partial(self._complete, record, answer))
-        if answer is not None and answer.jobs:
+    async def complete(self, record: RequestRecord, answer: AppendRequest | None) -> bool:
+        stored = await self._run(partial(self._complete, record, answer))
+        if stored and answer is not None and answer.jobs:
             self.jobs.notify_listeners()
+        return stored
 
-    def _complete(self, record: RequestRecord, answer: AppendRequest | None) -> None:
+    def _complete(self, record: RequestRecord, answer: AppendRequest | None) -> bool:
         with self.engine.begin() as connection:
+            stored = True
             if answer is not None and answer.conversation_id is not None:
-                self._append_in(connection, answer)
+                try:
+                    self._append_in(connection, answer)
+                except ConversationDeleted:
+                    # Deleted while the answer streamed (nothing was written yet): the answer goes, and
+                    # the record keeps no link to the conversation or its messages.
+                    stored = False
+                    record = replace(record, conversation_id=None, parent_message_id=None, report=None)
             connection.execute(insert(_REQUESTS), _record_fields(record))
+            return stored
 
     # -- read API -----------------------------------------------------------------------------------
 
@@ -391,7 +412,9 @@ class SqlStore:
             raise ValueError("give conversation_id or user_id")
 
         def run() -> list[str]:
-            query = sa_select(_CONVERSATIONS.c.id).where(_CONVERSATIONS.c.tenant == tenant)
+            # Rows locked first (Postgres): an answer being stored meanwhile either commits before (and
+            # is deleted here) or finds its conversation gone; SQLite serialises writers anyway.
+            query = sa_select(_CONVERSATIONS.c.id).where(_CONVERSATIONS.c.tenant == tenant).with_for_update()
             if conversation_id is not None:
                 query = query.where(_CONVERSATIONS.c.id == conversation_id)
             if user_id is not None:

@@ -1,0 +1,156 @@
+"""Deletion racing requests, through real gateways on one SQLite file: an answer still streaming when
+its conversation is deleted is kept nowhere, and a replica whose cache still knows a deleted
+conversation stores the history afresh instead of joining the deleted id."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import create_engine, text
+
+from gateway.fakes.openai_upstream import Reply
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, recorded, tenant
+
+AUTH = {"Authorization": f"Bearer {GATEWAY_KEY}"}
+
+
+def gateway_on(
+    make_gateway: Callable[..., Gateway], upstream: Upstream, database_url: str, tmp_path: Path
+) -> Gateway:
+    storage = {"database_url": database_url, "data_dir": str(tmp_path / "data")}
+    return make_gateway([tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY])], storage=storage)
+
+
+def rows_of(database_url: str, conversation_id: str) -> int:
+    """Messages stored under the conversation id, read from the database itself (the API hides
+    messages whose conversation row is gone)."""
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            query = text("SELECT count(*) FROM messages WHERE conversation_id = :id")
+            return int(connection.execute(query, {"id": conversation_id}).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def get(gateway: Gateway, path: str) -> httpx.Response:
+    return httpx.get(f"{gateway.server.url}/api{path}", headers=AUTH)
+
+
+def delete(gateway: Gateway, path: str) -> httpx.Response:
+    return httpx.delete(f"{gateway.server.url}/api{path}", headers=AUTH)
+
+
+def ask(gateway: Gateway, messages: list[dict[str, Any]], **kwargs: Any) -> httpx.Headers:
+    raw = gateway.client().chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=messages, **kwargs
+    )
+    raw.parse()
+    return raw.headers
+
+
+def test_an_answer_streaming_when_its_conversation_is_deleted_is_kept_nowhere(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], database_url: str, tmp_path: Path
+) -> None:
+    gateway = gateway_on(make_gateway, upstream, database_url, tmp_path)
+    history = [{"role": "user", "content": "Remember the launch code ZX-4411, please."}]
+    first = ask(gateway, history)
+    recorded(gateway, first["x-gateway-request-id"])
+    conversation_id = first["x-conversation-id"]
+    history += [
+        {"role": "assistant", "content": "Hello from the fake upstream."},
+        {"role": "user", "content": "Now write me a long poem about it."},
+    ]
+    upstream.fake.enqueue(Reply(content="A slow poem " * 20, chunk_delay=0.05))
+    stream = gateway.client().chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=history, stream=True
+    )
+    headers = stream.headers
+    assert headers["x-conversation-id"] == conversation_id
+    chunks = iter(stream.parse())
+    next(chunks)  # the answer has begun
+    assert delete(gateway, f"/conversations/{conversation_id}").status_code == 200
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "slow poem" in text  # the client got its whole answer
+    recorded(gateway, headers["x-gateway-request-id"])
+    assert get(gateway, f"/conversations/{conversation_id}").status_code == 404
+    assert rows_of(database_url, conversation_id) == 0
+    assert all(c["id"] != conversation_id for c in get(gateway, "/conversations").json()["data"])
+    record = get(gateway, f"/requests/{headers['x-gateway-request-id']}").json()
+    assert record["conversation_id"] is None and record["report"] is None and record["status"] == "complete"
+    # The same history sent again is a new conversation, stored whole.
+    again = ask(gateway, history)
+    recorded(gateway, again["x-gateway-request-id"])
+    assert again["x-conversation-id"] != conversation_id
+    messages = get(gateway, f"/conversations/{again['x-conversation-id']}/messages").json()["data"]
+    assert len(messages) == 4
+
+
+def test_a_replica_that_cached_a_deleted_conversation_stores_the_history_afresh(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    config = [tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY])]
+    one, two = make_gateway(config), make_gateway(config)  # two replicas, one database
+    history = [{"role": "user", "content": "Our staging host is stg-12."}]
+    first = ask(one, history)
+    recorded(one, first["x-gateway-request-id"])
+    old = first["x-conversation-id"]
+    history += [
+        {"role": "assistant", "content": "Hello from the fake upstream."},
+        {"role": "user", "content": "And production is prd-3."},
+    ]
+    second = ask(two, history)  # the second replica reads the history and caches its nodes
+    recorded(two, second["x-gateway-request-id"])
+    assert second["x-conversation-id"] == old
+    assert delete(one, f"/conversations/{old}").status_code == 200
+    history += [
+        {"role": "assistant", "content": "Hello from the fake upstream."},
+        {"role": "user", "content": "Which host was staging?"},
+    ]
+    third = ask(two, history)  # its cache still knows every message but the newest
+    recorded(two, third["x-gateway-request-id"])
+    new = third["x-conversation-id"]
+    assert new != old
+    assert get(one, f"/conversations/{old}").status_code == 404
+    stored = get(one, f"/conversations/{new}/messages").json()["data"]
+    assert len(stored) == 6  # the whole history, stored again, and the answer
+
+
+def test_a_delete_racing_many_answers_leaves_no_orphan(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], database_url: str, tmp_path: Path
+) -> None:
+    """Answers finishing around the DELETE: each is stored before it (and deleted with it) or dropped,
+    never left pointing into the deleted conversation. A client naming its conversation gets its
+    exchange stored before the response ends, so every store has happened once the answers are in."""
+    gateway = gateway_on(make_gateway, upstream, database_url, tmp_path)
+    named = {"X-Conversation-Id": "busy"}
+    base = [{"role": "user", "content": "Start of a busy conversation."}]
+    first = ask(gateway, base, extra_headers=named)
+    conversation_id = first["x-conversation-id"]
+    base.append({"role": "assistant", "content": "Hello from the fake upstream."})
+
+    def branch(n: int) -> None:
+        upstream.fake.enqueue(Reply(content=f"answer {n}", delay=0.01 * n))
+        ask(gateway, [*base, {"role": "user", "content": f"Branch question {n}?"}], extra_headers=named)
+
+    threads = [threading.Thread(target=branch, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.04)
+    assert delete(gateway, f"/conversations/{conversation_id}").status_code == 200
+    for thread in threads:
+        thread.join()
+    # Whatever was stored after the DELETE went to a conversation of its own, never to the deleted id.
+    assert get(gateway, f"/conversations/{conversation_id}").status_code == 404
+    conversations = get(gateway, "/conversations").json()["data"]
+    for conversation in conversations:
+        messages = get(gateway, f"/conversations/{conversation['id']}/messages").json()["data"]
+        ids_here = {m["id"] for m in messages}
+        assert all(m["parent_id"] is None or m["parent_id"] in ids_here for m in messages)
+        assert all(m["role"] != "assistant" or m["parent_id"] in ids_here for m in messages)
+    assert rows_of(database_url, conversation_id) == 0
