@@ -23,6 +23,7 @@ from gateway.fakes.server import BackgroundServer
 from gateway.jobs import WorkerPool, retry_delay
 from gateway.records import AppendRequest, Job, NewJob, NewMessage, RequestRecord
 from gateway.wiring import build_deps
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, recorded, tenant, wait_for_jobs
 
 FAST = JobsConfig(workers=2, poll_seconds=0.02, lease_seconds=5, retry_base_seconds=0.05)
 
@@ -424,3 +425,21 @@ def test_done_jobs_are_pruned_after_their_retention(database_url: str) -> None:
             assert await queue.counts() == {"queued": 1, "running": 0, "done": 0, "failed": 0}
 
     run(scenario)
+
+
+def test_the_same_request_sent_again_queues_no_new_jobs(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """An identical request (a retry, a client resending) stores nothing new, so nothing is embedded
+    again (issue 16 saw 1,580 embed jobs for 12,000 copies of one request)."""
+    gateway = make_gateway([tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY])])
+    messages = [{"role": "user", "content": "Which port does ledger-api listen on?"}]
+    client = gateway.client()
+    first = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=messages)
+    recorded(gateway, first.headers["x-gateway-request-id"])
+    after_first = wait_for_jobs(gateway)["done"]
+    assert after_first >= 1  # the exchange was indexed
+    for _ in range(4):
+        again = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=messages)
+        recorded(gateway, again.headers["x-gateway-request-id"])
+    assert wait_for_jobs(gateway)["done"] == after_first

@@ -290,8 +290,8 @@ class SqlStore:
             held = {"held_id": conversation_id, "held_tenant": request.tenant}
             if connection.execute(HOLD_CONVERSATION, held).rowcount == 0:
                 raise ConversationDeleted(f"conversation {conversation_id} was deleted")
-        enqueue_in(connection, request.jobs)
         if not request.messages:
+            enqueue_in(connection, request.jobs)
             return conversation_id
         rows = [
             {
@@ -311,6 +311,10 @@ class SqlStore:
         ]
         # Two requests racing with the same new message store it once: the id is the chain hash.
         inserted = len(connection.execute(self._insert_messages, rows).all())
+        if inserted:
+            # The jobs are about these messages: when all of them were stored already (the same request
+            # sent again, a regenerated identical answer), they were queued then.
+            enqueue_in(connection, request.jobs)
         params = {
             "conversation_id": conversation_id,
             "last_message_id": request.messages[-1].id,
