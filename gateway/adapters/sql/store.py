@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlmodel import SQLModel, col, select
 
+from gateway.adapters.sql import nul
 from gateway.adapters.sql.jobs import SqlJobQueue, enqueue_in
 from gateway.adapters.sql.migrations import migrate
 from gateway.adapters.sql.tables import (
@@ -179,7 +180,7 @@ def _node(row: Sequence[Any]) -> StoredNode:
 
 
 def _message(row: Sequence[Any]) -> StoredMessage:
-    return StoredMessage(_node(row), row[7], _aware(row[8]), row[9] or {})
+    return StoredMessage(_node(row), nul.unpack(row[7]), _aware(row[8]), row[9] or {})
 
 
 class SqlStore:
@@ -301,7 +302,7 @@ class SqlStore:
                 "parent_id": m.parent_id,
                 "depth": m.depth,
                 "role": m.role,
-                "content": m.data,
+                "content": nul.pack(m.data),
                 "token_count": m.token_count,
                 "path_tokens": m.path_tokens,
                 "meta": m.meta(),

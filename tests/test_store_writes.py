@@ -1,6 +1,7 @@
-"""Deletion racing requests, through real gateways on one SQLite file: an answer still streaming when
-its conversation is deleted is kept nowhere, and a replica whose cache still knows a deleted
-conversation stores the history afresh instead of joining the deleted id."""
+"""Writes that could go wrong, through real gateways on one database (SQLite and Postgres): an answer
+still streaming when its conversation is deleted is kept nowhere, a replica whose cache still knows a
+deleted conversation stores the history afresh instead of joining the deleted id, and a message with a
+NUL character is stored like any other."""
 
 from __future__ import annotations
 
@@ -154,3 +155,27 @@ def test_a_delete_racing_many_answers_leaves_no_orphan(
         assert all(m["parent_id"] is None or m["parent_id"] in ids_here for m in messages)
         assert all(m["role"] != "assistant" or m["parent_id"] in ids_here for m in messages)
     assert rows_of(database_url, conversation_id) == 0
+
+
+def test_a_message_with_a_nul_character_is_stored_like_any_other(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], database_url: str, tmp_path: Path
+) -> None:
+    """U+0000 is valid JSON and providers accept it; Postgres's jsonb cannot hold it (issue 15 found such
+    a message answered but never stored). Stored, read back exactly, and the history recognised."""
+    gateway = gateway_on(make_gateway, upstream, database_url, tmp_path)
+    text = "A log line with a NUL \x00 byte and the escape \ue000 character too"
+    history = [{"role": "user", "content": text}]
+    first = ask(gateway, history)
+    recorded(gateway, first["x-gateway-request-id"])
+    conversation_id = first["x-conversation-id"]
+    stored = get(gateway, f"/conversations/{conversation_id}/messages").json()["data"]
+    assert [m["message"]["content"] for m in stored][0] == text and len(stored) == 2
+    history += [
+        stored[1]["message"],
+        {"role": "user", "content": "And again \x00."},
+    ]
+    second = ask(gateway, history)
+    recorded(gateway, second["x-gateway-request-id"])
+    assert second["x-conversation-id"] == conversation_id
+    assert len(get(gateway, f"/conversations/{conversation_id}/messages").json()["data"]) == 4
+    assert upstream.fake.last_chat().body["messages"][-1]["content"] == "And again \x00."
