@@ -154,6 +154,8 @@ def config_file(directory: Path, upstream_url: str, **context: Any) -> Path:
                 "context": context or {"budget_tokens": 16_000},
                 # The request path is measured here; background summaries are measured in part 2.
                 "compaction": {"enabled": False},
+                # Memory's extraction would call the fake upstream too: measured in its own benchmarks.
+                "memory": {"enabled": False},
             }
         ],
     }
@@ -281,7 +283,9 @@ def token_scenario(turns: int, budget: int | None, compaction: bool = False) -> 
     with tempfile.TemporaryDirectory(prefix="bench-tokens-") as tmp, BackgroundServer(fake.app()) as up:
         context: dict[str, Any] = {"budget_tokens": budget} if budget else {"enabled": False}
         tenant = {"name": "t", "api_keys": [KEY], "upstream": {"base_url": f"{up.url}/v1", "api_key": "k"}}
-        tenant |= {"context": context, "compaction": {"enabled": compaction}}
+        # Memory off: its extraction jobs (queued 20 s after each turn) would keep `wait_idle` waiting and
+        # take the scripted answers meant for the chat and its summaries.
+        tenant |= {"context": context, "compaction": {"enabled": compaction}, "memory": {"enabled": False}}
         config = parse_config(
             {
                 "storage": {"database_url": f"sqlite:///{tmp}/g.db", "data_dir": tmp},
