@@ -179,3 +179,23 @@ def test_a_message_with_a_nul_character_is_stored_like_any_other(
     assert second["x-conversation-id"] == conversation_id
     assert len(get(gateway, f"/conversations/{conversation_id}/messages").json()["data"]) == 4
     assert upstream.fake.last_chat().body["messages"][-1]["content"] == "And again \x00."
+
+
+def test_ids_with_a_nul_character_name_one_conversation_and_one_user(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], database_url: str, tmp_path: Path
+) -> None:
+    """Postgres's text columns refuse U+0000: such a client id is kept as its digest, so the request is
+    stored (not failed open) and the same id finds the same conversation again."""
+    gateway = gateway_on(make_gateway, upstream, database_url, tmp_path)
+    named = {"conversation_id": "chat\x00one"}
+    history = [{"role": "user", "content": "Hello there."}]
+    upstream.fake.enqueue(Reply(content="Hi."))
+    first = ask(gateway, history, extra_body={"metadata": named, "user": "ana\x00"})
+    recorded(gateway, first["x-gateway-request-id"])
+    history += [{"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Still me."}]
+    second = ask(gateway, history, extra_body={"metadata": named, "user": "ana\x00"})
+    recorded(gateway, second["x-gateway-request-id"])
+    assert second["x-conversation-id"] == first["x-conversation-id"]
+    conversation = get(gateway, f"/conversations/{first['x-conversation-id']}").json()
+    assert conversation["user_id"].startswith("sha256:")
+    assert rows_of(database_url, first["x-conversation-id"]) == 4

@@ -31,7 +31,9 @@ MAX_ID_CHARS = 200  # the store's id columns; longer client ids are replaced by 
 
 
 def bounded_id(value: str | None) -> str | None:
-    if value is None or len(value) <= MAX_ID_CHARS:
+    """A client's id as the store can keep it: longer ones, and ones holding a NUL character (which
+    Postgres's text columns refuse), are replaced by their digest, the same for the same id."""
+    if value is None or (len(value) <= MAX_ID_CHARS and "\x00" not in value):
         return value
     return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
 
