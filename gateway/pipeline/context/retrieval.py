@@ -236,16 +236,14 @@ class RetrievalSection:
         for hit in (*result.semantic, *result.keyword):
             found.dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
         texts = {c.node_id: message_text(path[positions[c.node_id]].message).lower() for c in on_path}
-        found.matched_terms = sorted(
-            {t for t in facts.terms for text in texts.values() if contains_term(text, t)}
-        )
-        # An exact term is worth most where it is rare: an error code said once picks its message out,
-        # a service name said in every other turn hardly ranks anything.
+        # How many candidates hold each exact term, counted once: which terms matched, and how much each
+        # weighs (most where it is rare: an error code said once picks its message out, a service name
+        # said in every other turn hardly ranks anything).
         holding = {
-            t: sum(t in text and contains_term(text, t) for text in texts.values())
-            for t in found.matched_terms
+            t: sum(t in text and contains_term(text, t) for text in texts.values()) for t in facts.terms
         }
-        weight = {t: 2.0 / RRF_K * min(1.0, RARE_TERM / n) for t, n in holding.items()}
+        found.matched_terms = sorted(t for t, n in holding.items() if n)
+        weight = {t: 2.0 / RRF_K * min(1.0, RARE_TERM / holding[t]) for t in found.matched_terms}
         for c in on_path:
             text = texts[c.node_id]
             c.score += sum(w for t, w in weight.items() if t in text and contains_term(text, t))
