@@ -29,6 +29,7 @@ from gateway.pipeline.context.prefetch import QuestionPrefetch
 from gateway.pipeline.context.retrieval import RetrievalSection
 from gateway.pipeline.context.section import Section
 from gateway.pipeline.context.summary import SummarySection
+from gateway.pipeline.history_memo import HistoryMemo
 from gateway.pipeline.identify import explicit_identity
 from gateway.pipeline.ingest import IngestStep
 from gateway.pipeline.persist import PersistStep
@@ -235,12 +236,13 @@ def build_pipeline(
     clock: Callable[[], datetime] = utcnow,
     jobs: JobQueue | None = None,
     memory: tuple[MemoryStore, MemoryTarget] | None = None,
+    history_memo: HistoryMemo | None = None,
 ) -> ChatPipeline:
     if not tenant.store_conversations:
         return ChatPipeline(counters)  # a pure proxy: nothing stored, nothing rewritten
     context = tenant.context
     coverage = context.budget_tokens if context.enabled else 0
-    prepare: list[PrepareStep] = [IngestStep(store, tokenizers, tenant.identity, coverage)]
+    prepare: list[PrepareStep] = [IngestStep(store, tokenizers, tenant.identity, coverage, history_memo)]
     policy = None
     if memory is not None:
         prepare.append(MemoryScopeStep(tenant.memory))
@@ -399,6 +401,7 @@ def build_deps(
     summaries = SqlSummaryStore(sql.engine)
     size = config.storage.node_cache_size
     store: MessageStore = CachedMessageStore(sql, size) if size else sql
+    memo_size = config.storage.history_memo_messages
     tokenizers = TiktokenTokenizers()
     # Load both offline encodings now (about a second), not inside the first request that needs one.
     for model in ("gpt-4o", "gpt-4"):
@@ -425,6 +428,7 @@ def build_deps(
                 clock,
                 sql.jobs,
                 (memories, memory[t.name]) if t.name in memory else None,
+                HistoryMemo(memo_size) if memo_size else None,
             ),
             build_messages_upstream(t),
         )

@@ -17,6 +17,7 @@ from gateway.config import IdentityConfig
 from gateway.errors import ConversationDeleted
 from gateway.pipeline.call import CallState, ChatCall, HistoryItem
 from gateway.pipeline.canonical import chain_hashes, root_hash
+from gateway.pipeline.history_memo import HistoryMemo, Seen
 from gateway.pipeline.identify import Identity, explicit_identity
 from gateway.ports import ChatPayload, JSONObject, MessageStore, Tokenizer, Tokenizers
 from gateway.records import AppendRequest, NewMessage, StoredNode
@@ -57,6 +58,8 @@ class IngestStep:
     identity: IdentityConfig
     # Read stored token counts for at least this many tokens of newest history (the context budget).
     coverage_tokens: int = 0
+    # The messages each conversation sent last: a resent history is hashed only where it is new.
+    memo: HistoryMemo | None = None
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
         try:
@@ -81,7 +84,10 @@ class IngestStep:
         state.items = [HistoryItem(m, tokenizer.count_message(m)) for m in system]
         state.history_tokens = sum(item.tokens or 0 for item in state.items)
         root = chain_root(call.tenant, ident.conversation_id, ident.user_id)
-        hashes = [h.hex() for h in chain_hashes(root, chain)]
+        key, seen, shared = self._recall(root, chain)
+        hashes = list(seen.hashes[:shared]) if seen is not None else []
+        start = bytes.fromhex(hashes[-1]) if hashes else root
+        hashes += [h.hex() for h in chain_hashes(start, chain[shared:])]
 
         tail = max(len(hashes) - TAIL, 0)
         lookup = await self.store.lookup(call.tenant, hashes[tail:], ident.conversation_id)
@@ -114,11 +120,21 @@ class IngestStep:
                 parent, new, depth, base_tokens = None, chain, 0, 0
         else:
             parent = nodes[hashes[deepest]] if deepest >= 0 else None
+            known = deepest + 1
             if parent is not None:
-                await self._cover(call.tenant, hashes, deepest, nodes)
-            for index, message in enumerate(chain[: deepest + 1]):
+                known = await self._cover(call.tenant, hashes, deepest, nodes)
+            # The stored prefix the memo already holds items for is taken as it is (every node above the
+            # deepest stored one is stored); only the rest is looked at message by message.
+            reused = min(shared, deepest + 1)
+            items = list(seen.items[:reused]) if seen is not None else []
+            for index in range(reused, deepest + 1):
                 node = nodes.get(hashes[index])
-                state.items.append(HistoryItem(message, node.token_count if node else None, hashes[index]))
+                items.append(HistoryItem(chain[index], node.token_count if node else None, hashes[index]))
+            for index in range(min(known, reused), reused):  # counts read now that were unknown then
+                node = nodes.get(hashes[index])
+                if items[index].tokens is None and node is not None:
+                    items[index] = HistoryItem(items[index].message, node.token_count, hashes[index])
+            state.items += items
             new, depth = chain[deepest + 1 :], deepest + 1
             base_tokens = parent.path_tokens if parent is not None else 0
         if parent is not None:
@@ -130,6 +146,8 @@ class IngestStep:
         state.history_tokens += sum(m.token_count for m in appended)
         state.appended = len(appended)
         await self._store(call, state, ident, conversation_id, appended)
+        if key is not None and self.memo is not None and not state.thin:
+            self.memo.keep(key, Seen(chain, hashes, state.items[len(system) :]))
         last = appended[-1] if appended else parent
         if last is not None:
             state.leaf_id, state.leaf_depth = last.id, last.depth
@@ -153,10 +171,9 @@ class IngestStep:
         state.items += [HistoryItem(m.data, m.node.token_count, m.node.id) for m in path]
         return leaf
 
-    async def _cover(
-        self, tenant: str, hashes: list[str], deepest: int, nodes: dict[str, StoredNode]
-    ) -> None:
-        """Read token counts of older stored messages until the newest `coverage_tokens` are known."""
+    async def _cover(self, tenant: str, hashes: list[str], deepest: int, nodes: dict[str, StoredNode]) -> int:
+        """Read token counts of older stored messages until the newest `coverage_tokens` are known;
+        returns where the stretch of known counts (in `nodes`) begins."""
         newest = nodes[hashes[deepest]]
         known = deepest
         while known > 0 and hashes[known - 1] in nodes:
@@ -164,14 +181,23 @@ class IngestStep:
         while known > 0:
             covered = newest.path_tokens - nodes[hashes[known]].path_tokens + nodes[hashes[known]].token_count
             if covered >= self.coverage_tokens:
-                return
+                return known
             average = max(newest.path_tokens // (deepest + 1), 1)
             start = max(known - ((self.coverage_tokens - covered) // average * 3 // 2 + 16), 0)
             found = (await self.store.lookup(tenant, hashes[start:known], None)).nodes
             if len(found) < known - start:
-                return  # the prefix is not all stored (deleted): the builder treats unknown counts as too big
+                return known  # the prefix is not all stored (deleted): unknown counts count as too big
             nodes.update(found)
             known = start
+        return known
+
+    def _recall(self, root: bytes, chain: list[JSONObject]) -> tuple[str | None, Seen | None, int]:
+        """The memo's key for this chain, what it last saw there and how much of it this chain shares."""
+        if self.memo is None or not chain:
+            return None, None, 0
+        key = next(chain_hashes(root, chain[:1])).hex()
+        seen, shared = self.memo.recall(key, chain)
+        return key, seen, shared
 
     async def _store(
         self,
