@@ -77,17 +77,20 @@ def wait_ready(url: str, timeout: float = 30.0) -> None:
 
 
 @contextmanager
-def process(args: list[str], ready_url: str) -> Iterator[None]:
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_ready(ready_url)
-        yield
-    finally:
-        proc.send_signal(signal.SIGINT)
+def process(args: list[str], ready_url: str, cwd: Path = ROOT) -> Iterator[None]:
+    """`args` run from `cwd` (`python -m gateway` then runs that checkout's code); its log goes to a
+    file (a pipe nobody reads would fill and stall the gateway)."""
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            wait_ready(ready_url)
+            yield
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def text_of(tokens: int, seed: int) -> str:
@@ -143,9 +146,17 @@ def prefill(database_url: str, tenant: str, messages: int, per_conversation: int
     asyncio.run(run())
 
 
-def config_file(directory: Path, upstream_url: str, **context: Any) -> Path:
+def config_file(
+    directory: Path, upstream_url: str, *, memo_messages: int | None = None, **context: Any
+) -> Path:
+    storage: dict[str, Any] = {
+        "database_url": f"sqlite:///{directory}/gateway.db",
+        "data_dir": str(directory),
+    }
+    if memo_messages is not None:
+        storage["history_memo_messages"] = memo_messages
     config = {
-        "storage": {"database_url": f"sqlite:///{directory}/gateway.db", "data_dir": str(directory)},
+        "storage": storage,
         "tenants": [
             {
                 "name": "bench",
@@ -170,12 +181,19 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measure(
-    gateway_url: str, upstream_url: str, bodies: list[bytes], headers: dict[str, str] | None = None
+    gateway_url: str,
+    upstream_url: str,
+    bodies: list[bytes],
+    headers: dict[str, str] | None = None,
+    settle: bool = False,
 ) -> dict[str, float]:
-    """Interleave each body through the gateway and directly; returns p50/p99 figures in ms."""
+    """Interleave each body through the gateway and directly; returns p50/p99 figures in ms. `settle`:
+    wait after each request until the background jobs it queued have run (a turn every few seconds, as
+    people chat) instead of sending the next one while they run."""
     via: list[float] = []
     direct: list[float] = []
     overhead: list[float] = []
+    retrieval: list[float] = []
     base = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     with httpx.Client(timeout=60) as gateway_client, httpx.Client(timeout=60) as direct_client:
         for body in bodies:
@@ -186,6 +204,13 @@ def measure(
             via.append((time.perf_counter() - start) * 1000)
             assert response.status_code == 200, response.text
             overhead.append(float(response.headers["x-gateway-overhead-ms"]))
+            if settle:
+                wait_idle(gateway_url)
+                record = gateway_client.get(
+                    f"{gateway_url}/api/requests/{response.headers['x-gateway-request-id']}", headers=base
+                ).json()
+                section = (record.get("report") or {}).get("sections", {}).get("retrieval") or {}
+                retrieval.append(float(section.get("ms") or 0.0))
             start = time.perf_counter()
             response = direct_client.post(f"{upstream_url}/chat/completions", content=body, headers=base)
             direct.append((time.perf_counter() - start) * 1000)
@@ -196,6 +221,7 @@ def measure(
         "added_p50": percentile(via, 0.5) - percentile(direct, 0.5),
         "added_p99": percentile(via, 0.99) - percentile(direct, 0.99),
         "direct_p50": percentile(direct, 0.5),
+        **({"retrieval_p50": percentile(retrieval, 0.5)} if retrieval else {}),
     }
 
 
@@ -348,19 +374,96 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--part", type=int, choices=(1, 2), help="run only part 1 (overhead) or 2 (tokens)")
+    parser.add_argument(
+        "--part",
+        type=int,
+        choices=(1, 2, 3),
+        help="run only part 1 (overhead), 2 (tokens) or 3 (length: 1,000 vs 10,000 messages, memo on/off)",
+    )
+    parser.add_argument("--lengths", default="1000,10000", help="part 3: conversation lengths")
+    parser.add_argument(
+        "--before", type=Path, help="part 3: a checkout of an older commit, measured third in the same run"
+    )
     args = parser.parse_args()
     requests = 60 if args.quick else 300
-    results: dict[str, Any] = {"overhead": [], "tokens": []}
-    if args.part != 2:
+    results: dict[str, Any] = {"overhead": [], "tokens": [], "length": []}
+    if args.part == 3:
+        length_part(args, 40 if args.quick else 150, results)
+    if args.part in (None, 1):
         overhead_part(args, requests, results)
-    if args.part != 1:
+    if args.part in (None, 2):
         tokens_part(args, results)
     out = ROOT / "benchmarks" / "results"
     out.mkdir(exist_ok=True)
     name = "pipeline.json" if args.part is None else f"pipeline-part{args.part}.json"
     (out / name).write_text(json.dumps(results, indent=2))
     print(f"\nwritten: {out / name}  (cpu count {os.cpu_count()})")
+
+
+def length_scenario(
+    upstream_url: str, length: int, requests: int, before: Path | None
+) -> dict[str, dict[str, float]]:
+    """One conversation of `length` messages resent in full with one new turn per request, on one data
+    directory: measured by a gateway with the history memo, then by one without it, then (with
+    `before`) by the gateway of that older checkout; the conversation goes on from one to the next.
+    Each gateway's first request is not measured (it fills the process's caches); after each measured
+    request the benchmark waits until the jobs it queued (the answer's embedding) have run."""
+    figures: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-length-") as tmp:
+        directory = Path(tmp)
+        runs: list[tuple[str, int | None, Path]] = [("memo on", None, ROOT), ("memo off", 0, ROOT)]
+        if before is not None:
+            runs.append(("before", None, before))
+        warm, bodies = full_history_bodies(length, len(runs) * requests)
+        for number, (label, memo, cwd) in enumerate(runs):
+            chunk = bodies[number * requests : (number + 1) * requests]
+            config = config_file(directory, upstream_url, memo_messages=memo)
+            if cwd != ROOT:  # an older checkout may not know the setting
+                config = config_file(directory, upstream_url)
+            port = free_port()
+            args = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+            gateway_url = f"http://127.0.0.1:{port}"
+            with process(args, f"{gateway_url}/healthz", cwd):
+                auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+                first = warm if number == 0 else chunk[0]
+                started = time.perf_counter()
+                response = httpx.post(
+                    f"{gateway_url}/v1/chat/completions", content=first, headers=auth, timeout=600
+                )
+                assert response.status_code == 200, response.text
+                wait_idle(gateway_url, timeout=3600)  # the import's indexing (embedding + LanceDB)
+                if number == 0:
+                    print(
+                        f"  {length:,} messages imported and indexed in {time.perf_counter() - started:.0f} s",
+                        flush=True,
+                    )
+                figures[label] = measure(gateway_url, upstream_url, chunk[1:], settle=True)
+    return figures
+
+
+def length_part(args: argparse.Namespace, requests: int, results: dict[str, Any]) -> None:
+    upstream_port = free_port()
+    upstream_url = f"http://127.0.0.1:{upstream_port}/v1"
+    fake = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "fake_upstream_server.py"),
+        "--port",
+        str(upstream_port),
+    ]
+    print("Part 3: a conversation resent in full, 1 connection, jobs settled between turns, ms")
+    print(
+        f"{'length':>8s} {'memo':8s} {'gateway p50':>11s} {'gateway p99':>11s} {'added p50':>9s} "
+        f"{'added p99':>9s} {'retrieval p50':>13s}"
+    )
+    with process(fake, f"{upstream_url}/models"):
+        for length in (int(n) for n in args.lengths.split(",")):
+            for label, f in length_scenario(upstream_url, length, requests, args.before).items():
+                results["length"].append({"length": length, "memo": label, **f})
+                print(
+                    f"{length:8,d} {label:8s} {f['gateway_p50']:11.2f} {f['gateway_p99']:11.2f} "
+                    f"{f['added_p50']:9.2f} {f['added_p99']:9.2f} {f.get('retrieval_p50', 0.0):13.2f}",
+                    flush=True,
+                )
 
 
 def overhead_part(args: argparse.Namespace, requests: int, results: dict[str, Any]) -> None:

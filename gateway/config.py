@@ -49,7 +49,7 @@ class StorageConfig(_Frozen):
     node_cache_size: int = Field(default=100_000, ge=0)
     # Messages each process keeps of the histories its conversations last sent (a resent history is then
     # hashed only where it is new); 0: off.
-    history_memo_messages: int = Field(default=100_000, ge=0)
+    history_memo_messages: int = Field(default=50_000, ge=0)
     # LanceDB location (vectors + full-text index): a directory or an object-store URI; None: data_dir/lancedb.
     index_uri: str | None = None
     # Memory per process (and per embedding model) for searched conversations' vectors; 0: off.

@@ -12,6 +12,7 @@ from gateway.adapters.sql.store import SqlStore
 from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
 from gateway.config import IdentityConfig
 from gateway.pipeline.call import ChatCall, HistoryItem
+from gateway.pipeline.context.exchanges import newest_exchanges
 from gateway.pipeline.history_memo import HistoryMemo, Seen, common_prefix
 from gateway.pipeline.ingest import IngestStep
 from gateway.ports import ChatPayload, JSONObject
@@ -119,3 +120,12 @@ def test_ingest_with_the_memo_equals_ingest_without_it(tmp_path: Path) -> None:
         assert all(p is None or p == k for p, k in zip([t for _, t, _ in plain["items"]], known, strict=True))
     assert without[59]["items"][-1][1] is not None and without[59]["items"][5][1] is None
     assert len(memo) == 1 and memo.messages_held > 100  # it was used: the chat's newest chain is held
+
+
+def test_newest_exchanges_walks_back_by_whole_exchanges() -> None:
+    roles = ["system", "assistant", "user", "assistant", "tool", "user", "user", "assistant", "tool"]
+    items = [HistoryItem(message(role, str(i)), 1) for i, role in enumerate(roles)]
+    got = [[int(str(i.message["content"])) for i in e] for e in newest_exchanges(items)]
+    assert got == [[6, 7, 8], [5], [2, 3, 4], [0, 1]]
+    assert list(newest_exchanges([])) == []
+    assert [len(e) for e in newest_exchanges(items[2:5])] == [3]

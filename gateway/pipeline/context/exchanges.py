@@ -3,6 +3,8 @@ call with its results."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from gateway.pipeline.call import HistoryItem
 
 
@@ -14,15 +16,17 @@ def split_current(items: list[HistoryItem]) -> tuple[list[HistoryItem], list[His
     return [], items
 
 
-def group_exchanges(items: list[HistoryItem]) -> list[list[HistoryItem]]:
-    """Each exchange starts at a user message; anything before the first one is an exchange of its own."""
-    exchanges: list[list[HistoryItem]] = []
-    for item in items:
-        if item.message.get("role") == "user" or not exchanges:
-            exchanges.append([item])
-        else:
-            exchanges[-1].append(item)
-    return exchanges
+def newest_exchanges(items: list[HistoryItem]) -> Iterator[list[HistoryItem]]:
+    """The exchanges of `items`, newest first: each starts at a user message, and anything before the
+    first one is an exchange of its own. Found walking back from the end, so the window looks at the
+    newest few of a long history without grouping all of it."""
+    end = len(items)
+    for index in range(len(items) - 1, -1, -1):
+        if items[index].message.get("role") == "user":
+            yield items[index:end]
+            end = index
+    if end > 0:
+        yield items[:end]
 
 
 def trim_current(current: list[HistoryItem], room: int) -> tuple[list[HistoryItem], list[HistoryItem]]:

@@ -12,6 +12,7 @@ took, fit the allowance best first, then show the groups oldest first, each labe
 from __future__ import annotations
 
 import contextlib
+import operator
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -34,6 +35,8 @@ from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.text import message_text, mostly_cjk
 from gateway.ports import JSON, Embedder, JobQueue, JSONObject, MessageStore, VectorIndex
 from gateway.records import EMBED, IndexBacklog, IndexHit, SearchQuery, SearchResult, embed_key_prefix
+
+_NODE_ID = operator.attrgetter("node_id")
 
 RRF_K = 30  # measured on LoCoMo (benchmarks/locomo.py): 30 ranked a little better than the usual 60
 # A question that neither points at the past nor names an exact term gets history only when the best
@@ -159,14 +162,20 @@ class RetrievalSection:
         started = time.perf_counter()
         # The stored path as far as this request holds it (all of it for a full-history client, the
         # newest stretch for a thin one), contiguous and ending at the newest message.
-        path = [item for item in state.items if item.node_id is not None]
+        # Stored messages all carry their node; only system prompts kept out of the chain come first
+        # without one. (Built with C-level slicing and mapping: a resent history has thousands.)
+        skip = 0
+        while skip < len(state.items) and state.items[skip].node_id is None:
+            skip += 1
+        path = state.items[skip:]
         first_depth = state.leaf_depth - len(path) + 1
-        positions = {item.node_id: i for i, item in enumerate(path) if item.node_id is not None}
-        history = {item.node_id for item in build.history}
+        positions = dict(zip(map(_NODE_ID, path), range(len(path)), strict=True))
         # The window's messages and the whole current exchange (a cut agent loop included) are not searched.
-        recent = {item.node_id for item in build.window} | {i for i in positions if i not in history}
-        older = [i for i, item in enumerate(path) if item.node_id not in recent]
-        if not older and first_depth <= 0:
+        recent = {item.node_id for item in (*build.window, *build.current, *build.system)}
+        newest_older = len(path) - 1  # the newest message outside them, walking back from the end
+        while newest_older >= 0 and path[newest_older].node_id in recent:
+            newest_older -= 1
+        if newest_older < 0 and first_depth <= 0:
             found.detail["skipped"] = "nothing outside the recent window"
             return found
         time_range = facts.time_range
@@ -176,7 +185,7 @@ class RetrievalSection:
             vector=None,
             limit=self.config.candidates,
             conversation_id=state.conversation_id,
-            max_depth=first_depth + (older[-1] + 1 if older else 0),
+            max_depth=first_depth + newest_older + 1,
             since=time_range.since if time_range else None,
             until=time_range.until if time_range else None,
         )
@@ -225,7 +234,7 @@ class RetrievalSection:
                 stored = []  # the hits outside the loaded stretch are left out; the rest still serve
             if stored:
                 path = [HistoryItem(m.data, m.node.token_count, m.node.id) for m in stored]
-                positions = {item.node_id: i for i, item in enumerate(path) if item.node_id is not None}
+                positions = dict(zip(map(_NODE_ID, path), range(len(path)), strict=True))
                 first_depth = 0
         hits = [c for c in candidates if c.node_id in positions and c.node_id not in recent]
         found.best_similarity = max(

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 from gateway.pipeline.call import HistoryItem
-from gateway.pipeline.context.exchanges import group_exchanges
+from gateway.pipeline.context.exchanges import newest_exchanges
 from gateway.pipeline.context.section import BuildInput, Proposal
 
 
 def newest_exchanges_tokens(history: list[HistoryItem], count: int) -> int:
     """Tokens of the newest `count` whole exchanges of `history` (the window's minimum)."""
-    exchanges = group_exchanges(history)[-count:] if count > 0 else []
+    exchanges = islice(newest_exchanges(history), max(count, 0))
     return sum(item.tokens or 0 for exchange in exchanges for item in exchange)
 
 
@@ -23,8 +24,7 @@ class RecentWindow:
     async def propose(self, build: BuildInput, allowance: int) -> Proposal:
         kept = 0
         proposal = Proposal()
-        exchanges = group_exchanges(build.history)
-        for exchange in reversed(exchanges):
+        for exchange in newest_exchanges(build.history):
             counts = [item.tokens for item in exchange]
             if None in counts:
                 break  # older than what the store was asked to count: beyond any budget
