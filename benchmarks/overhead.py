@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -224,6 +224,8 @@ def gateway_config(
             "http_client": client,
         },
     }
+    if under_test.get("max_connections"):
+        tenant["upstream"]["max_connections"] = under_test["max_connections"]
     if under_test.get("has_store_switch") and not under_test.get("with_store"):
         tenant["store_conversations"] = False  # pass-through: a pure proxy, nothing stored
     if under_test.get("has_context_config"):
@@ -905,50 +907,51 @@ def table(results: dict[str, Any]) -> str:
         f"machine: {results['machine']['nproc']} cores, {results['machine']['cpu']}, Python {results['machine']['python']}"
     )
     add("")
-    seq, ttft = results["latency_1conn"], results["ttft_1conn"]
-    names = results["targets"]
-    doors = results.get("door_targets", [])
-    add(
-        "1 connection, non-stream, ms      p50      p99  added p50  added p99  gw CPU us/req  self-reported p50/p99"
-    )
-    for name in names + doors:
-        row, added = seq[name], seq[name].get("added", {})
-        own = row.get("self_reported_overhead")
+    if "latency_1conn" in results:  # not in a --streams-only run
+        seq, ttft = results["latency_1conn"], results["ttft_1conn"]
+        names = results["targets"]
+        doors = results.get("door_targets", [])
         add(
-            f"  {name:<28}{row['total']['p50_ms']:7.3f}  {row['total']['p99_ms']:7.3f}"
-            f"  {_dash(added.get('p50_ms'), 9, '.3f')}  {_dash(added.get('p99_ms'), 9, '.3f')}"
-            f"  {_dash(row.get('gateway_cpu_us_per_request'), 13)}"
-            + (f"  {own['p50_ms']:.3f} / {own['p99_ms']:.3f}" if own else "")
+            "1 connection, non-stream, ms      p50      p99  added p50  added p99  gw CPU us/req  self-reported p50/p99"
         )
-    add(f"  CPU cores used during the phase: {seq['cpu_cores']}")
-    add("")
-    add("1 connection, stream TTFT, ms     p50      p99  added p50  added p99")
-    for name in names + doors:
-        row, added = ttft[name], ttft[name].get("added", {})
-        add(
-            f"  {name:<28}{row['ttft']['p50_ms']:7.3f}  {row['ttft']['p99_ms']:7.3f}"
-            f"  {_dash(added.get('p50_ms'), 9, '.3f')}  {_dash(added.get('p99_ms'), 9, '.3f')}"
-        )
-    add(f"  CPU cores used during the phase: {ttft['cpu_cores']}")
-    conc = results["concurrency"]
-    n = results["settings"]["connections"]
-    for generator in ("wrk", "python"):
-        if generator not in conc:
-            continue
-        add("")
-        add(
-            f"{n} connections ({generator}){'':<10}req/s   p50 ms   p99 ms  CPU us/req: loadgen  fake  gateway"
-            "   others (cores)   req/s per slice"
-        )
-        for name in names:
-            row = conc[generator][name]
-            cpu = row["cpu_us_per_request"]
+        for name in names + doors:
+            row, added = seq[name], seq[name].get("added", {})
+            own = row.get("self_reported_overhead")
             add(
-                f"  {name:<26}{row['rps']:8.0f}  {row['latency']['p50_ms']:7.2f}  {row['latency']['p99_ms']:7.2f}"
-                f"  {cpu.get('load_generator', 0):18.0f}  {cpu.get('fake-upstream', 0):4.0f}"
-                f"  {_dash(cpu.get(name), 7, '.0f')}   {row['cpu_cores']['others']:14.2f}"
-                f"   {row['rps_per_slice']}" + (f"  errors={row['errors']}" if row["errors"] else "")
+                f"  {name:<28}{row['total']['p50_ms']:7.3f}  {row['total']['p99_ms']:7.3f}"
+                f"  {_dash(added.get('p50_ms'), 9, '.3f')}  {_dash(added.get('p99_ms'), 9, '.3f')}"
+                f"  {_dash(row.get('gateway_cpu_us_per_request'), 13)}"
+                + (f"  {own['p50_ms']:.3f} / {own['p99_ms']:.3f}" if own else "")
             )
+        add(f"  CPU cores used during the phase: {seq['cpu_cores']}")
+        add("")
+        add("1 connection, stream TTFT, ms     p50      p99  added p50  added p99")
+        for name in names + doors:
+            row, added = ttft[name], ttft[name].get("added", {})
+            add(
+                f"  {name:<28}{row['ttft']['p50_ms']:7.3f}  {row['ttft']['p99_ms']:7.3f}"
+                f"  {_dash(added.get('p50_ms'), 9, '.3f')}  {_dash(added.get('p99_ms'), 9, '.3f')}"
+            )
+        add(f"  CPU cores used during the phase: {ttft['cpu_cores']}")
+        conc = results["concurrency"]
+        n = results["settings"]["connections"]
+        for generator in ("wrk", "python"):
+            if generator not in conc:
+                continue
+            add("")
+            add(
+                f"{n} connections ({generator}){'':<10}req/s   p50 ms   p99 ms  CPU us/req: loadgen  fake  gateway"
+                "   others (cores)   req/s per slice"
+            )
+            for name in names:
+                row = conc[generator][name]
+                cpu = row["cpu_us_per_request"]
+                add(
+                    f"  {name:<26}{row['rps']:8.0f}  {row['latency']['p50_ms']:7.2f}  {row['latency']['p99_ms']:7.2f}"
+                    f"  {cpu.get('load_generator', 0):18.0f}  {cpu.get('fake-upstream', 0):4.0f}"
+                    f"  {_dash(cpu.get(name), 7, '.0f')}   {row['cpu_cores']['others']:14.2f}"
+                    f"   {row['rps_per_slice']}" + (f"  errors={row['errors']}" if row["errors"] else "")
+                )
     add("")
     add(
         "paced streams          streams  done  peak  lost reord dup unexp noDONE"
@@ -988,10 +991,19 @@ def gateway_counters(gateways: dict[str, Child]) -> dict[str, Any]:
 
 
 async def run(
-    settings: Settings, workdir: Path, children: Children, ref: str | None, with_store: bool
+    settings: Settings,
+    workdir: Path,
+    children: Children,
+    ref: str | None,
+    with_store: bool,
+    *,
+    streams_only: bool = False,
+    max_connections: int | None = None,
 ) -> dict[str, Any]:
     python = sys.executable
     under_test = gateway_under_test(ref, workdir, children.env, with_store)
+    if max_connections is not None:
+        under_test["max_connections"] = max_connections
     print(f"gateway under test: {under_test}", flush=True)
     fake_port = free_port()
     fake = children.start(
@@ -1034,48 +1046,50 @@ async def run(
     }
     phases = {}
 
-    t = time.monotonic()
-    await settle(meter, "[1/4]", settings.settle_seconds)
-    print(
-        f"[1/4] latency at 1 connection: {settings.seq_requests} requests per target, interleaved", flush=True
-    )
-    results["latency_1conn"] = await interleaved(
-        targets + doors,
-        meter,
-        CHAT,
-        settings.seq_requests,
-        settings.seq_warmup,
-        stream=False,
-        budget=settings.phase_seconds,
-    )
-    phases["latency_1conn"] = time.monotonic() - t
+    if not streams_only:
+        t = time.monotonic()
+        await settle(meter, "[1/4]", settings.settle_seconds)
+        print(
+            f"[1/4] latency at 1 connection: {settings.seq_requests} requests per target, interleaved",
+            flush=True,
+        )
+        results["latency_1conn"] = await interleaved(
+            targets + doors,
+            meter,
+            CHAT,
+            settings.seq_requests,
+            settings.seq_warmup,
+            stream=False,
+            budget=settings.phase_seconds,
+        )
+        phases["latency_1conn"] = time.monotonic() - t
 
-    t = time.monotonic()
-    await settle(meter, "[2/4]", settings.settle_seconds)
-    print(
-        f"[2/4] stream TTFT at 1 connection: {settings.ttft_requests} streams per target, interleaved",
-        flush=True,
-    )
-    results["ttft_1conn"] = await interleaved(
-        targets + doors,
-        meter,
-        CHAT_STREAM,
-        settings.ttft_requests,
-        settings.seq_warmup // 3,
-        stream=True,
-        budget=settings.phase_seconds,
-    )
-    phases["ttft_1conn"] = time.monotonic() - t
+        t = time.monotonic()
+        await settle(meter, "[2/4]", settings.settle_seconds)
+        print(
+            f"[2/4] stream TTFT at 1 connection: {settings.ttft_requests} streams per target, interleaved",
+            flush=True,
+        )
+        results["ttft_1conn"] = await interleaved(
+            targets + doors,
+            meter,
+            CHAT_STREAM,
+            settings.ttft_requests,
+            settings.seq_warmup // 3,
+            stream=True,
+            budget=settings.phase_seconds,
+        )
+        phases["ttft_1conn"] = time.monotonic() - t
 
-    t = time.monotonic()
-    await settle(meter, "[3/4]", settings.settle_seconds)
-    print(
-        f"[3/4] {settings.connections} connections: {settings.rounds} x {settings.slice_seconds:g}s slices per target,"
-        f" generators {settings.generators}",
-        flush=True,
-    )
-    results["concurrency"] = await concurrency(targets, meter, settings, workdir)
-    phases["concurrency"] = time.monotonic() - t
+        t = time.monotonic()
+        await settle(meter, "[3/4]", settings.settle_seconds)
+        print(
+            f"[3/4] {settings.connections} connections: {settings.rounds} x {settings.slice_seconds:g}s slices per target,"
+            f" generators {settings.generators}",
+            flush=True,
+        )
+        results["concurrency"] = await concurrency(targets, meter, settings, workdir)
+        phases["concurrency"] = time.monotonic() - t
 
     t = time.monotonic()
     print(f"[4/4] simultaneous paced streams, levels {settings.stream_levels}", flush=True)
@@ -1086,7 +1100,7 @@ async def run(
     results["gateway_counters"] = gateway_counters(gateways)
     results["phase_seconds"] = {k: round(v, 1) for k, v in phases.items()}
     results["settle_log"] = SETTLE_LOG
-    results["goals"] = goals(results)
+    results["goals"] = goals(results) if not streams_only else {}
     return results
 
 
@@ -1107,6 +1121,15 @@ def main() -> int:
         action="store_true",
         help="keep store_conversations on (default: off, the tenant is a pure proxy when the gateway has the switch)",
     )
+    parser.add_argument(
+        "--streams-only", action="store_true", help="run part 4 alone (simultaneous paced streams)"
+    )
+    parser.add_argument(
+        "--stream-levels", help="part 4: comma-separated stream counts, escalated until one fails (1000,1500)"
+    )
+    parser.add_argument(
+        "--max-connections", type=int, help="the gateways' upstream.max_connections (their default: 1,000)"
+    )
     parser.add_argument("--show", type=Path, metavar="JSON", help="print the table of a saved run and exit")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON results")
     args = parser.parse_args()
@@ -1114,6 +1137,8 @@ def main() -> int:
         print(table(json.loads(args.show.read_text())))
         return 0
     settings = Settings.make(args)
+    if args.stream_levels:
+        settings = replace(settings, stream_levels=tuple(int(n) for n in args.stream_levels.split(",")))
     fds = raise_fd_limit()
     needed = 3 * max(settings.stream_levels) + 200
     if fds < needed:
@@ -1124,7 +1149,17 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gw-bench-") as tmp:
         try:
-            results = uvloop.run(run(settings, Path(tmp), children, args.gateway_ref, args.with_store))
+            results = uvloop.run(
+                run(
+                    settings,
+                    Path(tmp),
+                    children,
+                    args.gateway_ref,
+                    args.with_store,
+                    streams_only=args.streams_only,
+                    max_connections=args.max_connections,
+                )
+            )
         finally:
             children.stop()
     results["total_seconds"] = round(time.monotonic() - started, 1)

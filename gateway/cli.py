@@ -80,6 +80,7 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
         access_log=False,
         loop="uvloop",
         http="httptools",
+        timeout_graceful_shutdown=config.server.shutdown_grace_seconds,
     )
 
 

@@ -38,6 +38,10 @@ class ServerConfig(_Frozen):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # text: "time level logger: message"; json: one JSON object per line (request lines with their fields)
     log_format: Literal["text", "json"] = "text"
+    # On SIGTERM (or Ctrl-C) the server stops accepting, lets the requests and streams in flight finish
+    # for up to this long, then cancels what is left; the job workers then stop (jobs still running are
+    # handed back to the queue).
+    shutdown_grace_seconds: int = Field(default=30, ge=0)
     # Signs the dashboard's login cookies; None: a secret drawn at start (sign-ins end with the process,
     # and replicas behind one address need the same value).
     dashboard_secret: str | None = None

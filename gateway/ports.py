@@ -206,6 +206,11 @@ class JobQueue(Protocol):
         """Record a failed attempt: retried after `retry_in` seconds, or failed for good when None."""
         ...
 
+    async def release(self, job: Job, worker: str) -> bool:
+        """Hand a leased job back unfinished (its worker is shutting down): queued again at once, the
+        attempt not counted. False when the lease was already lost."""
+        ...
+
     async def counts(self, tenant: str | None = None) -> dict[str, int]:
         """Jobs per status (queued, running, done, failed)."""
         ...

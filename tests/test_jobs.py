@@ -376,9 +376,23 @@ def test_stop_lets_a_running_handler_finish_within_the_grace_period(database_url
                 release.clear()
                 state = await queue.get(job_id)
                 assert state is not None
-                # A cancelled job keeps its lease; it runs again once the lease expires.
-                assert state.status == ("done" if name == "finishes" else "running")
+                # A cancelled job is handed back: queued at once, its lease gone, the attempt not counted.
+                if name == "finishes":
+                    assert state.status == "done" and pool.stats.released == 0
+                else:
+                    assert (state.status, state.lease_owner, state.attempts) == ("queued", None, 0)
+                    assert pool.stats.released == 1
             assert cancelled == ["cancelled"]
+            # Another process's pool runs it now, not when a lease would have expired (5 s here).
+            recorder = Recorder()
+            async with opened(database_url) as other:
+                started_at = time.monotonic()
+                async with WorkerPool(other, {"block": recorder}, FAST).running():
+                    await eventually(lambda: len(recorder.jobs) == 1)
+                assert time.monotonic() - started_at < 2
+            assert recorder.jobs[0].attempts == 1 and recorder.jobs[0].payload == {"name": "cancelled"}
+            done = await queue.get(recorder.jobs[0].id)
+            assert done is not None and done.status == "done"
 
     run(scenario)
 

@@ -42,7 +42,8 @@ def retry_delay(config: JobsConfig, attempts: int) -> float:
     return min(config.retry_base_seconds * 2.0 ** min(attempts - 1, _MAX_DOUBLINGS), config.retry_max_seconds)
 
 
-# Told of every run: (kind, outcome: done, retried, failed or lost, seconds the handler ran, if it ran).
+# Told of every run: (kind, outcome: done, retried, failed, lost or released, seconds the handler ran,
+# if it ran to an end).
 JobObserver = Callable[[str, str, float | None], None]
 
 
@@ -54,6 +55,7 @@ class WorkerStats:
     retried: int = 0
     failed: int = 0
     lost: int = 0  # finished after the lease had expired and been taken again: the result was dropped
+    released: int = 0  # handed back unfinished at shutdown, for another worker to run at once
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
@@ -123,7 +125,8 @@ class WorkerPool:
 
     async def stop(self) -> None:
         """Stop the loops: idle ones at once; a running handler gets `grace_seconds` to finish, then is
-        cancelled (its job's lease expires and another worker runs it again)."""
+        cancelled and its job handed back to the queue (another worker runs it at once, the attempt not
+        counted; if that fails too, the lease expires and the job runs again then)."""
         self._stopping = True
         self.notify()
         tasks, self._tasks = self._tasks, []
@@ -200,6 +203,10 @@ class WorkerPool:
             # A handler outliving its lease could run twice at once; stop it when the lease ends.
             async with asyncio.timeout(self.config.lease_seconds) as deadline:
                 await handler(job)
+        except asyncio.CancelledError:
+            if self._stopping:
+                await self._release(worker, job)
+            raise
         except Exception as exc:  # any handler failure is recorded on the job and retried, never lost
             expired = deadline.expired()
             error = f"timed out after {self.config.lease_seconds:g}s" if expired else _describe(exc)
@@ -215,6 +222,19 @@ class WorkerPool:
             log.warning(
                 "job %s (%s) finished after its lease was taken over; result dropped", job.id, job.kind
             )
+
+    async def _release(self, worker: str, job: Job) -> None:
+        try:
+            released = await self.queue.release(job, worker)
+        except StoreError:
+            log.warning(
+                "job %s (%s): could not hand it back; it runs again when its lease ends", job.id, job.kind
+            )
+            return
+        if released:
+            self.stats.released += 1
+            self._observed(job, "released", None)
+            log.info("job %s (%s) handed back unfinished at shutdown", job.id, job.kind)
 
     def _observed(self, job: Job, outcome: str, seconds: float | None) -> None:
         if self._observe is not None:

@@ -148,6 +148,18 @@ class _Statements:
                 updated_at=now,
             )
         )
+        self.release: Update = (
+            update(_JOBS)
+            .where(held)
+            .values(
+                status="queued",
+                attempts=_JOBS.c.attempts - 1,
+                run_after=now,
+                lease_owner=None,
+                lease_until=None,
+                updated_at=now,
+            )
+        )
         self.counts: Select[Any] = select(_JOBS.c.status, func.count()).group_by(_JOBS.c.status)
         self.tenant_counts: Select[Any] = self.counts.where(_JOBS.c.tenant == bindparam("tenant"))
         self.get: Select[Any] = select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
@@ -277,6 +289,15 @@ class SqlJobQueue:
             **self._statements.clock.params(retry=retry_in or 0.0),
         }
         await self._run(partial(self._update, self._statements.fail, params))
+
+    async def release(self, job: Job, worker: str) -> bool:
+        params = {
+            "job_id": job.id,
+            "worker": worker,
+            "attempt": job.attempts,
+            **self._statements.clock.params(),
+        }
+        return await self._run(partial(self._update, self._statements.release, params)) == 1
 
     def _update(self, statement: Update, params: dict[str, Any]) -> int:
         with self.engine.begin() as connection:

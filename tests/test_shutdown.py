@@ -1,0 +1,117 @@
+"""SIGTERM on a real gateway process: streams in flight finish and are stored, then the process exits."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from gateway.fakes.openai_upstream import Reply
+from tests.conftest import GATEWAY_KEY, Upstream, tenant
+
+
+def start_gateway(tmp_path: Path, upstream: Upstream, grace: float) -> tuple[subprocess.Popen[str], int]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    config = {
+        "server": {"shutdown_grace_seconds": grace},
+        "storage": {"database_url": f"sqlite:///{tmp_path}/g.db", "data_dir": str(tmp_path / "data")},
+        "tenants": [
+            tenant("acme", upstream.base_url, retrieval={"enabled": False}, memory={"enabled": False})
+        ],
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)]
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                return process, port
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the gateway did not come up"
+            time.sleep(0.2)
+
+
+def test_sigterm_lets_streams_in_flight_finish_and_stores_them(tmp_path: Path, upstream: Upstream) -> None:
+    words = [f"word{i}" for i in range(20)]
+    upstream.fake.enqueue(Reply(" ".join(words), chunk_delay=0.1))  # about two seconds of stream
+    process, port = start_gateway(tmp_path, upstream, grace=30)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=GATEWAY_KEY, max_retries=0)
+        stream = client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "Count slowly."}], stream=True
+        )
+        chunks = iter(stream)
+        received = [next(chunks)]
+        while not any(c.choices and c.choices[0].delta.content for c in received):
+            received.append(next(chunks))
+        process.send_signal(signal.SIGTERM)  # mid-stream
+        refused = threading.Event()
+
+        def new_request() -> None:  # sent after the signal: it must not be served half-way
+            time.sleep(0.3)
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            except httpx.TransportError:
+                refused.set()
+
+        probe = threading.Thread(target=new_request)
+        probe.start()
+        received += list(chunks)
+        probe.join()
+        text = "".join(c.choices[0].delta.content or "" for c in received if c.choices)
+        assert text == " ".join(words)
+        assert received[-1].choices[0].finish_reason == "stop"
+        # uvicorn re-raises the signal once it has shut down: the exit status says "terminated".
+        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert refused.is_set()  # the listening socket closed as the drain began
+    finally:
+        if process.poll() is None:
+            process.kill()
+        _, errors = process.communicate(timeout=30)
+    with sqlite3.connect(tmp_path / "g.db") as db:
+        stored = [json.loads(row[0]) for row in db.execute("SELECT content FROM messages ORDER BY depth")]
+        statuses = [row[0] for row in db.execute("SELECT status FROM requests")]
+    assert stored == [
+        {"role": "user", "content": "Count slowly."},
+        {"role": "assistant", "content": " ".join(words)},
+    ], errors[-2000:]
+    assert statuses == ["complete"]
+    assert "Application shutdown complete" in errors  # the lifespan ran: workers stopped, stores closed
+
+
+def test_sigterm_cancels_streams_that_outlive_the_grace_period(tmp_path: Path, upstream: Upstream) -> None:
+    upstream.fake.enqueue(Reply(" ".join(f"w{i}" for i in range(40)), chunk_delay=0.25))  # ten seconds
+    process, port = start_gateway(tmp_path, upstream, grace=1)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=GATEWAY_KEY, max_retries=0)
+        stream = client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "Take your time."}], stream=True
+        )
+        chunks = iter(stream)
+        next(chunks)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        try:
+            rest = list(chunks)
+        except (openai.APIError, httpx.HTTPError):
+            rest = None  # cut: the grace period ended first
+        assert process.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert time.monotonic() - signalled < 8  # did not wait for the whole ten-second stream
+        assert rest is None or not rest or rest[-1].choices[0].finish_reason != "stop"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
