@@ -4,6 +4,7 @@ jobs, memories), load exported histories (import), summarise now (compact), or p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -69,6 +70,7 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     configure_logging(config.server.log_level, config.server.log_format)
+    _raise_open_file_limit(config)
     if not (config_path or os.environ.get("GATEWAY_CONFIG")):
         click.echo("No --config given: forwarding to OpenAI with each client's own API key.", err=True)
     uvicorn.run(
@@ -82,6 +84,27 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
         http="httptools",
         timeout_graceful_shutdown=config.server.shutdown_grace_seconds,
     )
+
+
+def _raise_open_file_limit(config: GatewayConfig) -> None:
+    """Every stream holds two sockets (client and upstream): lift the soft open-file limit to the hard
+    one (often 1,024 soft), and say so when even that is below what the pools may open."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    needed = 2 * max((t.upstream.max_connections for t in config.tenants), default=0) + 256
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        logging.getLogger("gateway").warning(
+            "open-file limit %d is below %d (two sockets per stream at upstream.max_connections): "
+            "streams beyond about %d will fail; raise it (ulimit -n)",
+            soft,
+            needed,
+            max(soft - 256, 0) // 2,
+        )
 
 
 @main.command()

@@ -92,7 +92,8 @@ class UpstreamConfig(_Frozen):
     api_key: str | None = None
     pass_through_client_key: bool = False
     http_client: HttpClient = "aiohttp"
-    max_connections: int = Field(default=1000, gt=0)
+    # Streams through one process held with zero loss: 4,000 (BENCHMARKS.md, issue 16); more queue here.
+    max_connections: int = Field(default=4000, gt=0)
     # Below common server idle timeouts (uvicorn 5 s, nginx 75 s): a pooled connection is dropped before
     # the upstream can close it under us.
     keepalive_seconds: float = Field(default=4.0, gt=0)
