@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -441,21 +442,21 @@ def length_scenario(
     return figures
 
 
+def fake_upstream(upstream_url: str) -> contextlib.AbstractContextManager[None]:
+    """The fast fake provider (`fake_upstream_server.py`) as a process of its own at `upstream_url`."""
+    port = upstream_url.rsplit(":", 1)[1].split("/", 1)[0]
+    fake = [sys.executable, str(ROOT / "benchmarks" / "fake_upstream_server.py"), "--port", port]
+    return process(fake, f"{upstream_url}/models")
+
+
 def length_part(args: argparse.Namespace, requests: int, results: dict[str, Any]) -> None:
-    upstream_port = free_port()
-    upstream_url = f"http://127.0.0.1:{upstream_port}/v1"
-    fake = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "fake_upstream_server.py"),
-        "--port",
-        str(upstream_port),
-    ]
+    upstream_url = f"http://127.0.0.1:{free_port()}/v1"
     print("Part 3: a conversation resent in full, 1 connection, jobs settled between turns, ms")
     print(
         f"{'length':>8s} {'memo':8s} {'gateway p50':>11s} {'gateway p99':>11s} {'added p50':>9s} "
         f"{'added p99':>9s} {'retrieval p50':>13s}"
     )
-    with process(fake, f"{upstream_url}/models"):
+    with fake_upstream(upstream_url):
         for length in (int(n) for n in args.lengths.split(",")):
             for label, f in length_scenario(upstream_url, length, requests, args.before).items():
                 results["length"].append({"length": length, "memo": label, **f})
@@ -467,19 +468,12 @@ def length_part(args: argparse.Namespace, requests: int, results: dict[str, Any]
 
 
 def overhead_part(args: argparse.Namespace, requests: int, results: dict[str, Any]) -> None:
-    upstream_port = free_port()
-    upstream_url = f"http://127.0.0.1:{upstream_port}/v1"
-    fake = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "fake_upstream_server.py"),
-        "--port",
-        str(upstream_port),
-    ]
+    upstream_url = f"http://127.0.0.1:{free_port()}/v1"
     print(
         "Part 1: pipeline overhead, 1 connection, ms (gateway = x-gateway-overhead-ms; added = side by side)"
     )
     print(f"{'scenario':46s} {'gateway p50':>11s} {'gateway p99':>11s} {'added p50':>9s} {'added p99':>9s}")
-    with process(fake, f"{upstream_url}/models"):
+    with fake_upstream(upstream_url):
         scenarios = [
             ("store holds 1k, conversation 1,000", 1_000, 1_000, False),
             ("store holds 10k, conversation 1,000", 10_000, 1_000, False),

@@ -2,7 +2,8 @@
 
 The client's messages are chain-hashed; the store is asked about the newest hashes first (a chat app
 resends what the gateway stored one turn ago), so the work per request does not grow with the number of
-stored messages. Everything after the deepest stored node is appended as its children: an edit or a
+stored messages. With a history memo (history_memo.py), only what follows the prefix the conversation
+sent last time is hashed and looked at message by message. Everything after the deepest stored node is appended as its children: an edit or a
 regeneration becomes a sibling branch. Token counts come from the store (counted once per message); only
 the newest messages the budget can hold are read, and the history's total is the deepest node's
 `path_tokens`. Thin mode: a client naming a stored conversation and sending only new messages gets the
