@@ -420,7 +420,7 @@ def test_the_app_runs_registered_handlers_and_reports_jobs_on_healthz(database_u
             assert time.monotonic() < deadline, health
             time.sleep(0.01)
     assert health["jobs"] == {"queued": 0, "running": 0, "done": 1, "failed": 0}
-    assert health["workers"] == {"count": 1, "done": 1, "retried": 0, "failed": 0, "lost": 0}
+    assert health["workers"] == {"count": 1, "done": 1, "retried": 0, "failed": 0, "lost": 0, "released": 0}
     assert handler.payloads == [7]
     asyncio.run(deps.aclose())
 
