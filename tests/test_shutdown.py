@@ -10,10 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletionChunk
 
 from gateway.fakes.openai_upstream import Reply
 from tests.conftest import GATEWAY_KEY, Upstream, tenant
@@ -44,16 +46,21 @@ def start_gateway(tmp_path: Path, upstream: Upstream, grace: float) -> tuple[sub
             time.sleep(0.2)
 
 
+def open_stream(port: int, question: str) -> Iterator[ChatCompletionChunk]:
+    """A chat stream through the gateway on `port`, by the official SDK."""
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=GATEWAY_KEY, max_retries=0)
+    stream = client.chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": question}], stream=True
+    )
+    return iter(stream)
+
+
 def test_sigterm_lets_streams_in_flight_finish_and_stores_them(tmp_path: Path, upstream: Upstream) -> None:
     words = [f"word{i}" for i in range(20)]
     upstream.fake.enqueue(Reply(" ".join(words), chunk_delay=0.1))  # about two seconds of stream
     process, port = start_gateway(tmp_path, upstream, grace=30)
     try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=GATEWAY_KEY, max_retries=0)
-        stream = client.chat.completions.create(
-            model="gpt-4o", messages=[{"role": "user", "content": "Count slowly."}], stream=True
-        )
-        chunks = iter(stream)
+        chunks = open_stream(port, "Count slowly.")
         received = [next(chunks)]
         while not any(c.choices and c.choices[0].delta.content for c in received):
             received.append(next(chunks))
@@ -96,11 +103,7 @@ def test_sigterm_cancels_streams_that_outlive_the_grace_period(tmp_path: Path, u
     upstream.fake.enqueue(Reply(" ".join(f"w{i}" for i in range(40)), chunk_delay=0.25))  # ten seconds
     process, port = start_gateway(tmp_path, upstream, grace=1)
     try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=GATEWAY_KEY, max_retries=0)
-        stream = client.chat.completions.create(
-            model="gpt-4o", messages=[{"role": "user", "content": "Take your time."}], stream=True
-        )
-        chunks = iter(stream)
+        chunks = open_stream(port, "Take your time.")
         next(chunks)
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
