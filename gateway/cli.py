@@ -83,6 +83,7 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
         loop="uvloop",
         http="httptools",
         timeout_graceful_shutdown=config.server.shutdown_grace_seconds,
+        timeout_keep_alive=config.server.keep_alive_seconds,
     )
 
 

@@ -42,6 +42,10 @@ class ServerConfig(_Frozen):
     # for up to this long, then cancels what is left; the job workers then stop (jobs still running are
     # handed back to the queue).
     shutdown_grace_seconds: int = Field(default=30, ge=0)
+    # How long an idle client connection stays open. Longer than the clients' own pool expiry (httpx, under
+    # the OpenAI and Anthropic SDKs, drops idle connections after 5 s): a server that closes first races
+    # the client's next request on that connection, which then fails with a reset. 75 s is nginx's default.
+    keep_alive_seconds: int = Field(default=75, ge=1)
     # Signs the dashboard's login cookies; None: a secret drawn at start (sign-ins end with the process,
     # and replicas behind one address need the same value).
     dashboard_secret: str | None = None

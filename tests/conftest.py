@@ -127,7 +127,9 @@ def make_gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
         if clock is not None:
             deps = build_deps(config, clock=clock)
             owned.append(deps)
-        server = BackgroundServer(create_app(config, deps)).start()
+        server = BackgroundServer(
+            create_app(config, deps), keep_alive_seconds=config.server.keep_alive_seconds
+        ).start()
         started.append(server)
         return Gateway(server, config)
 

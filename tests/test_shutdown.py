@@ -1,7 +1,9 @@
-"""SIGTERM on a real gateway process: streams in flight finish and are stored, then the process exits."""
+"""A real gateway process's connection handling: SIGTERM lets streams in flight finish and stores them,
+then the process exits; idle client connections outlive the SDKs' own pool expiry."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import socket
@@ -21,7 +23,7 @@ from gateway.fakes.openai_upstream import Reply
 from tests.conftest import GATEWAY_KEY, Upstream, tenant
 
 
-def start_gateway(tmp_path: Path, upstream: Upstream, grace: float) -> tuple[subprocess.Popen[str], int]:
+def start_gateway(tmp_path: Path, upstream: Upstream, grace: float = 30) -> tuple[subprocess.Popen[str], int]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
@@ -117,4 +119,25 @@ def test_sigterm_cancels_streams_that_outlive_the_grace_period(tmp_path: Path, u
     finally:
         if process.poll() is None:
             process.kill()
+        process.communicate(timeout=30)
+
+
+def test_an_idle_client_connection_outlives_the_sdks_pool_expiry(tmp_path: Path, upstream: Upstream) -> None:
+    """httpx (under the OpenAI and Anthropic SDKs) reuses a connection idle for up to 5 s: a server that
+    closes idle connections after 5 s (uvicorn's default) races that reuse, and the request is reset."""
+    process, port = start_gateway(tmp_path, upstream)
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("GET", "/healthz")
+        first = connection.getresponse()
+        first.read()
+        sock = connection.sock
+        time.sleep(6)  # past uvicorn's 5 s default and httpx's 5 s expiry
+        connection.request("GET", "/healthz")  # on the same socket: http.client reconnects only if closed
+        second = connection.getresponse()  # RemoteDisconnected if the server had closed it
+        assert (first.status, second.status) == (200, 200)
+        assert connection.sock is sock
+        connection.close()
+    finally:
+        process.terminate()
         process.communicate(timeout=30)

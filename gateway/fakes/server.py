@@ -13,9 +13,19 @@ from starlette.types import ASGIApp
 class BackgroundServer:
     """`with BackgroundServer(app) as server: server.url` — a real uvicorn server on 127.0.0.1."""
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, keep_alive_seconds: int = 75
+    ) -> None:
+        # Idle connections outlive the clients' own 5 s expiry, as `serve` does (server.keep_alive_seconds):
+        # uvicorn's 5 s default races a pooled client's next request and resets it.
         config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", access_log=False, lifespan="on"
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_keep_alive=keep_alive_seconds,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="background-server", daemon=True)
