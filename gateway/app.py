@@ -33,7 +33,7 @@ def create_app(config: GatewayConfig, deps: Deps | None = None) -> Starlette:
                 await resources.aclose()
 
     return Starlette(
-        routes=routes(config.server.max_body_bytes, config.server.dashboard_secret),
+        routes=routes(config.server.max_body_bytes, config.server.dashboard_secret, config.server.admin_key),
         middleware=[Middleware(RequestContextMiddleware), Middleware(AuthMiddleware)],
         exception_handlers={GatewayError: handle_gateway_error, HTTPException: handle_http_exception},
         lifespan=lifespan,

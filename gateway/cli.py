@@ -160,12 +160,33 @@ def _echo_all(lines: Iterable[str]) -> None:
 @TENANT_OPTION
 @click.option("--user", default=None, help="Only this user's conversations.")
 @click.option("--limit", default=50, show_default=True, help="How many, newest first.")
-def conversations(config_path: str | None, tenant: str, user: str | None, limit: int) -> None:
+@click.option("--text", default="", help="Only those with a message holding this text.")
+@click.option("--since", default="", help="Active since (a date, 2026-03-01, or an ISO time).")
+@click.option("--until", default="", help="Active until (a date: that whole day, or an ISO time).")
+def conversations(
+    config_path: str | None,
+    tenant: str,
+    user: str | None,
+    limit: int,
+    text: str,
+    since: str,
+    until: str,
+) -> None:
     """List a tenant's conversations, newest first."""
     from gateway import ops
     from gateway.cli_views import conversation_rows
+    from gateway.errors import InvalidRequest
+    from gateway.http.api import conversation_filter
 
-    found = asyncio.run(ops.list_conversations(_config(config_path), tenant, user, limit))
+    try:
+        where = conversation_filter({"q": text, "since": since, "until": until})
+    except InvalidRequest as exc:
+        raise click.BadParameter(exc.message.replace("'q'", "'text'")) from exc
+    found = asyncio.run(
+        ops.list_conversations(
+            _config(config_path), tenant, user, limit, where.text, where.since, where.until
+        )
+    )
     _echo_all(conversation_rows(found))
 
 

@@ -49,6 +49,9 @@ class ServerConfig(_Frozen):
     # Signs the dashboard's login cookies; None: a secret drawn at start (sign-ins end with the process,
     # and replicas behind one address need the same value).
     dashboard_secret: str | None = None
+    # A key (in clear, or `sha256:<hex>`) that signs in to the dashboard for every tenant (one at a time,
+    # switched in its header). Not a gateway key: it sends no chat requests. None: no admin.
+    admin_key: str | None = None
 
 
 class StorageConfig(_Frozen):
@@ -278,6 +281,9 @@ class GatewayConfig(_Frozen):
                 if digest in seen and seen[digest] != tenant.name:
                     raise ValueError(f"tenants {seen[digest]!r} and {tenant.name!r} share a gateway key")
                 seen[digest] = tenant.name
+        admin = self.server.admin_key
+        if admin and hash_key(admin) in seen:
+            raise ValueError(f"server.admin_key is also a gateway key of tenant {seen[hash_key(admin)]!r}")
         open_tenants = [t.name for t in self.tenants if not t.api_keys]
         if len(open_tenants) > 1:
             raise ValueError(

@@ -6,6 +6,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime
 
 import anyio
 import orjson
@@ -77,10 +78,18 @@ async def _store(config: GatewayConfig) -> AsyncIterator[SqlStore]:
 
 
 async def list_conversations(
-    config: GatewayConfig, tenant: str, user_id: str | None, limit: int
+    config: GatewayConfig,
+    tenant: str,
+    user_id: str | None,
+    limit: int,
+    text: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> list[Conversation]:
     async with _store(config) as store:
-        return await store.list_conversations(tenant, limit=limit, user_id=user_id)
+        return await store.list_conversations(
+            tenant, limit=limit, user_id=user_id, text=text, since=since, until=until
+        )
 
 
 async def conversation_tree(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 if TYPE_CHECKING:
@@ -146,8 +147,19 @@ class MessageStore(Protocol):
         ...
 
     async def list_conversations(
-        self, tenant: str, *, limit: int = 50, user_id: str | None = None, offset: int = 0
-    ) -> list[Conversation]: ...
+        self,
+        tenant: str,
+        *,
+        limit: int = 50,
+        user_id: str | None = None,
+        offset: int = 0,
+        text: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[Conversation]:
+        """Newest first; with `text`, only those with a message holding it (case-insensitive for
+        ASCII); `since`/`until` bound the time of their latest message (until exclusive)."""
+        ...
 
     async def get_conversation(self, tenant: str, conversation_id: str) -> Conversation | None: ...
 

@@ -27,6 +27,16 @@ from gateway.wiring import Deps, build_deps
 GATEWAY_KEY = "sk-gw-acme"
 
 
+class Clock:
+    """A settable clock for `make_gateway(..., clock=...)`: stored messages are dated by `now`."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
 @dataclass
 class Upstream:
     fake: FakeUpstream

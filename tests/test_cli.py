@@ -50,6 +50,14 @@ def test_conversations_show_context_and_jobs_read_what_the_gateway_stored(
     listed = runner.invoke(main, ["conversations", "--config", str(config), "--tenant", "acme"])
     assert listed.exit_code == 0, listed.output
     assert conversation_id in listed.output and "u-cli" in listed.output
+    base = ["conversations", "--config", str(config), "--tenant", "acme"]
+    found = runner.invoke(main, [*base, "--text", "px-11", "--since", "2000-01-01"])
+    assert found.exit_code == 0 and conversation_id in found.output, found.output
+    for option, value in [("--text", "no such words"), ("--until", "2000-01-01")]:
+        none = runner.invoke(main, [*base, option, value])
+        assert none.exit_code == 0 and conversation_id not in none.output, none.output
+    bad = runner.invoke(main, [*base, "--since", "last week"])
+    assert bad.exit_code == 2 and "'since' must be a date" in bad.output, bad.output
 
     shown = runner.invoke(main, ["show", "--config", str(config), "--tenant", "acme", conversation_id])
     assert shown.exit_code == 0, shown.output

@@ -120,6 +120,8 @@ def test_duplicate_tenants_and_shared_keys_are_rejected() -> None:
     other = {**tenant, "name": "b", "api_keys": [f"sha256:{hash_key('k')}"]}
     with pytest.raises(ConfigError, match="share a gateway key"):
         parse_config({"tenants": [tenant, other]}, {})
+    with pytest.raises(ConfigError, match=r"server\.admin_key is also a gateway key of tenant 'a'"):
+        parse_config({"server": {"admin_key": "k"}, "tenants": [tenant]}, {})
 
 
 def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:

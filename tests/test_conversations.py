@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import openai
@@ -13,7 +15,7 @@ import pytest
 
 from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizer
 from gateway.fakes.openai_upstream import Reply
-from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant
+from tests.conftest import GATEWAY_KEY, Clock, Gateway, Upstream, recorded, tenant
 
 AUTH = {"Authorization": f"Bearer {GATEWAY_KEY}"}
 SYSTEM = {"role": "system", "content": "You are a meticulous assistant. Keep answers short."}
@@ -412,3 +414,43 @@ def test_a_branch_point_in_another_conversation_decides_the_conversation(
     )
     assert branched.headers["x-conversation-id"] == raw.headers["x-conversation-id"]
     assert [m["content"] for m in upstream.fake.last_chat().body["messages"]] == ["in A", "continue A"]
+
+
+def test_conversations_are_found_by_text_and_by_date(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], database_url: str, tmp_path: Path
+) -> None:
+    clock = Clock(datetime(2026, 3, 2, 9, 0, tzinfo=UTC))
+    gateway = make_gateway(
+        [tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY])],
+        clock=clock,
+        storage={"database_url": database_url, "data_dir": str(tmp_path / "data")},
+    )
+    ids = {}
+    for name, day, text in [
+        ("march", datetime(2026, 3, 2, 9, 0, tzinfo=UTC), "The Lisbon flight is TP-8841."),
+        ("april", datetime(2026, 4, 7, 18, 30, tzinfo=UTC), "Book the 端口 review with 100% of the team."),
+        ("may", datetime(2026, 5, 1, 0, 0, tzinfo=UTC), "Nothing about flights here (tp_8841 is not it)."),
+    ]:
+        clock.now = day
+        upstream.fake.enqueue(Reply("Noted."))
+        _, headers = chat(gateway, [{"role": "user", "content": text}], extra_headers={"X-User-Id": name})
+        ids[name] = headers["x-conversation-id"]
+        recorded(gateway, headers["x-gateway-request-id"])  # stored (and dated) before the clock moves
+
+    def found(**params: str) -> list[str]:
+        listed = api(gateway, "/conversations?" + urlencode(params))["data"]
+        return sorted(name for name, cid in ids.items() if cid in {c["id"] for c in listed})
+
+    assert found() == ["april", "march", "may"]
+    assert found(q="tp-8841") == ["march"]  # case-insensitive, and "_" is no wildcard
+    assert found(q="端口") == ["april"]  # text without spaces
+    assert found(q="100%") == ["april"]  # nor is "%"
+    assert found(q="flight") == ["march", "may"]
+    assert found(since="2026-04-07") == ["april", "may"]
+    assert found(until="2026-04-07") == ["april", "march"]  # a date takes in that whole day
+    assert found(since="2026-03-03", until="2026-04-30") == ["april"]
+    assert found(until="2026-04-07T18:00:00Z") == ["march"]
+    assert found(q="flight", since="2026-04-01") == ["may"]
+    for name, bad in [("since", "last week"), ("until", "2026-13-01"), ("q", "x" * 201)]:
+        refused = httpx.get(f"{gateway.server.url}/api/conversations", params={name: bad}, headers=AUTH)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == name, refused.text

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
@@ -17,6 +18,7 @@ from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 OTHER_KEY = "sk-gw-globex"
+ADMIN_KEY = "sk-admin-dashboard"
 
 
 @pytest.fixture(scope="module")
@@ -259,3 +261,78 @@ def test_a_failed_job_is_shown_retried_and_its_summary_read(
     )
     assert "folded:" in (page.text_content("article.summary pre") or "")
     context.close()
+
+
+def test_the_admin_key_sees_every_tenant_one_at_a_time_and_finds_conversations(
+    browser: Browser, upstream: Upstream, make_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    gateway = make_gateway(
+        [
+            tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY]),
+            tenant("globex", upstream.base_url, api_keys=[OTHER_KEY]),
+        ],
+        server={"admin_key": ADMIN_KEY},
+    )
+    ids: dict[str, str] = {}
+    for key, name, text in [
+        (GATEWAY_KEY, "acme-a", "Acme's parcel PX-11 goes to Lisbon."),
+        (GATEWAY_KEY, "acme-b", "Acme's invoices are due on Friday."),
+        (OTHER_KEY, "globex", "Globex ships the turbine on Monday."),
+    ]:
+        upstream.fake.enqueue(Reply("Noted."))
+        raw = gateway.client(api_key=key).chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=[{"role": "user", "content": text}]
+        )
+        recorded(gateway, raw.headers["x-gateway-request-id"], key=key)
+        ids[name] = raw.headers["x-conversation-id"]
+    context = browser.new_context()
+    page = context.new_page()
+    sign_in(page, gateway, ADMIN_KEY)
+    assert page.input_value("#switch select") == "acme"  # the first tenant until it switches
+    page.goto(f"{gateway.server.url}/dashboard/conversations")
+    listed = page.locator("#conversations").text_content() or ""
+    assert ids["acme-a"] in listed and ids["acme-b"] in listed and ids["globex"] not in listed
+
+    # Search: the text of a message, in the browser's own form.
+    page.fill("#filters input[name=q]", "px-11")
+    page.click("#filters button")
+    listed = page.locator("#conversations").text_content() or ""
+    assert ids["acme-a"] in listed and ids["acme-b"] not in listed
+    page.fill("#filters input[name=q]", "")
+    page.fill("#filters input[name=since]", "2999-01-01")
+    page.click("#filters button")
+    assert "No conversations." in (page.locator("#conversations").text_content() or "")
+
+    page.select_option("#switch select", "globex")  # the header's switcher
+    page.click("#switch button")
+    assert page.input_value("#switch select") == "globex"
+    page.goto(f"{gateway.server.url}/dashboard/conversations")
+    listed = page.locator("#conversations").text_content() or ""
+    assert ids["globex"] in listed and ids["acme-a"] not in listed
+    page.screenshot(path=str(tmp_path / "admin.png"), full_page=True)
+    cookies = {c["name"]: c["value"] for c in context.cookies()}
+    forged = httpx.post(f"{gateway.server.url}/dashboard/tenant", cookies=cookies, data={"tenant": "acme"})
+    assert forged.status_code == 403  # no CSRF token: nothing switched
+    context.close()
+
+    # Scripts: the admin key as a bearer token names the tenant; a tenant's key cannot switch.
+    url = f"{gateway.server.url}/dashboard/conversations"
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    as_globex = httpx.get(url, params={"tenant": "globex"}, headers=admin)
+    assert as_globex.status_code == 200 and ids["globex"] in as_globex.text
+    assert ids["acme-a"] not in as_globex.text
+    ignored = httpx.get(url, params={"tenant": "globex"}, headers={"Authorization": f"Bearer {GATEWAY_KEY}"})
+    assert ids["acme-a"] in ignored.text and ids["globex"] not in ignored.text
+    refused = httpx.post(
+        f"{gateway.server.url}/dashboard/tenant",
+        data={"tenant": "globex"},
+        headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+    )
+    assert refused.status_code == 403
+    bad_date = httpx.get(url, params={"until": "tomorrow"}, headers=admin)
+    assert bad_date.status_code == 400 and "&#39;until&#39; must be a date" in bad_date.text
+    # The admin key is no gateway key: it sends no chat requests.
+    with pytest.raises(openai.AuthenticationError):
+        gateway.client(api_key=ADMIN_KEY).chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+        )

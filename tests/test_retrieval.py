@@ -15,7 +15,7 @@ from gateway.adapters.lance_index import LanceIndex
 from gateway.fakes.openai_upstream import Reply
 from gateway.records import SearchQuery
 from gateway.wiring import index_table
-from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
+from tests.conftest import GATEWAY_KEY, Clock, Gateway, Upstream, api, tenant, wait_for_jobs
 
 TOPICS = [
     "the weather in Lisbon was mild and sunny all week",
@@ -74,14 +74,6 @@ def gateway_with(
     extra.setdefault("context", SMALL)
     extra.setdefault("compaction", NO_SUMMARIES)
     return make_gateway([tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY], **extra)], clock=clock)
-
-
-class Clock:
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def injected(upstream: Upstream) -> str:

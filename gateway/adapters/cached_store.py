@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from datetime import datetime
 
 from gateway.errors import ConversationDeleted
 from gateway.ports import MessageStore
@@ -95,9 +96,19 @@ class CachedMessageStore:
             self._put(request.tenant, node)
 
     async def list_conversations(
-        self, tenant: str, *, limit: int = 50, user_id: str | None = None, offset: int = 0
+        self,
+        tenant: str,
+        *,
+        limit: int = 50,
+        user_id: str | None = None,
+        offset: int = 0,
+        text: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[Conversation]:
-        return await self.inner.list_conversations(tenant, limit=limit, user_id=user_id, offset=offset)
+        return await self.inner.list_conversations(
+            tenant, limit=limit, user_id=user_id, offset=offset, text=text, since=since, until=until
+        )
 
     async def get_conversation(self, tenant: str, conversation_id: str) -> Conversation | None:
         return await self.inner.get_conversation(tenant, conversation_id)

@@ -1,12 +1,14 @@
 """Dashboard routes: login, overview, conversations, one conversation's tree, one request's context.
 
 Every page is for the signed-in tenant only (a cookie from the login form, or `Authorization: Bearer
-KEY` for scripts); an anonymous visitor is sent to the login page and sees no data. Forms that change
-anything carry a CSRF token tied to the session.
+KEY` for scripts); an anonymous visitor is sent to the login page and sees no data. The admin key
+(`server.admin_key`) sees every tenant, one at a time: a switcher in the header (or `?tenant=NAME` with
+the key as a bearer token). Forms that change anything carry a CSRF token tied to the session.
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Awaitable, Callable
 from typing import get_args
 from urllib.parse import quote, urlencode
@@ -18,9 +20,11 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from gateway.config import hash_key
 from gateway.dashboard.bars import bar
 from gateway.dashboard.session import COOKIE, LIFETIME_SECONDS, Sessions
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, InvalidRequest
+from gateway.http.api import conversation_filter
 from gateway.http.memory_api import MemoryType, profile_changed
 from gateway.inbound.chat_form import calls_of, text_of
 from gateway.memory.records import USER_SCOPE, Memory, MemoryFilter
@@ -74,8 +78,9 @@ def _tree(messages: list[StoredMessage], leaf: str | None) -> list[dict[str, obj
 
 
 class Dashboard:
-    def __init__(self, secret: str | None) -> None:
+    def __init__(self, secret: str | None, admin_key: str | None = None) -> None:
         self.sessions = Sessions(secret)
+        self._admin_digest = hash_key(admin_key) if admin_key else None
         self.templates = Environment(
             loader=PackageLoader("gateway.dashboard", "templates"), autoescape=select_autoescape()
         )
@@ -83,7 +88,10 @@ class Dashboard:
     def render(self, request: Request, name: str, status: int = 200, **context: object) -> HTMLResponse:
         cookie = request.cookies.get(COOKIE)
         csrf = self.sessions.csrf(cookie) if cookie else ""
-        html = self.templates.get_template(name).render(csrf=csrf, **context)
+        deps: Deps = request.state.deps
+        # The admin's header lists every tenant to switch to.
+        switch = [t.name for t in deps.tenants.tenants] if getattr(request.state, "admin", False) else []
+        html = self.templates.get_template(name).render(csrf=csrf, switch=switch, **context)
         response = HTMLResponse(html, status_code=status)
         response.headers["cache-control"] = "no-store"
         return response
@@ -94,24 +102,41 @@ class Dashboard:
             request, "error.html", 403, tenant=tenant, message="This form has expired: reload the page."
         )
 
-    def _tenant(self, request: Request) -> Tenant | None:
+    def _is_admin(self, key: str) -> bool:
+        return self._admin_digest is not None and hmac.compare_digest(hash_key(key), self._admin_digest)
+
+    def _key_tenant(self, deps: Deps, key: str) -> Tenant | None:
+        """The tenant a gateway key signs in to, or None."""
+        try:
+            caller = deps.tenants.resolve(key, None)
+        except AuthenticationFailed:
+            return None
+        return caller.tenant if caller.authenticated else None
+
+    def _tenant(self, request: Request) -> tuple[Tenant, bool] | None:
+        """The tenant the caller sees, and whether the caller is the admin."""
         deps: Deps = request.state.deps
         header = request.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
         if scheme.lower() == "bearer" and key.strip():
-            try:
-                caller = deps.tenants.resolve(key.strip(), None)
-            except AuthenticationFailed:
-                return None
-            return caller.tenant if caller.authenticated else None
-        name = self.sessions.tenant(request.cookies.get(COOKIE))
-        return next((t for t in deps.tenants.tenants if t.name == name), None) if name else None
+            if self._is_admin(key.strip()):
+                return _named(deps, request.query_params.get("tenant")), True
+            tenant = self._key_tenant(deps, key.strip())
+            return (tenant, False) if tenant is not None else None
+        session = self.sessions.session(request.cookies.get(COOKIE))
+        if session is None or (session.admin and self._admin_digest is None):
+            return None  # an admin session outlives no change of config that drops the admin key
+        found = next((t for t in deps.tenants.tenants if t.name == session.tenant), None)
+        if found is None:
+            return (_named(deps, None), True) if session.admin else None
+        return found, session.admin
 
     def page(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            tenant = self._tenant(request)
-            if tenant is None:
+            caller = self._tenant(request)
+            if caller is None:
                 return RedirectResponse("/dashboard/login?" + urlencode({"next": request.url.path}), 303)
+            tenant, request.state.admin = caller
             return await handler(request, tenant)
 
         return endpoint
@@ -128,21 +153,18 @@ class Dashboard:
         target = str(form.get("next", "/dashboard"))
         if not target.startswith("/dashboard"):
             target = "/dashboard"  # never redirect off the dashboard
-        tenant = None
-        if key:
-            try:
-                caller = deps.tenants.resolve(key, None)
-                tenant = caller.tenant if caller.authenticated else None
-            except AuthenticationFailed:
-                tenant = None
+        admin = bool(key) and self._is_admin(key)
+        tenant = _named(deps, None) if admin else self._key_tenant(deps, key) if key else None
         if tenant is None:
             return self.render(
                 request, "login.html", 401, next=target, error="That key is not a gateway key."
             )
-        response = RedirectResponse(target, 303)
+        return self._signed_in(request, RedirectResponse(target, 303), tenant.name, admin)
+
+    def _signed_in(self, request: Request, response: Response, tenant: str, admin: bool) -> Response:
         response.set_cookie(
             COOKIE,
-            self.sessions.issue(tenant.name),
+            self.sessions.issue(tenant, admin=admin),
             max_age=LIFETIME_SECONDS,
             path="/dashboard",
             httponly=True,
@@ -150,6 +172,19 @@ class Dashboard:
             secure=request.url.scheme == "https",
         )
         return response
+
+    async def switch_tenant(self, request: Request, tenant: Tenant) -> Response:
+        """The admin turns to another tenant (a new cookie naming it); refused to anyone else."""
+        deps: Deps = request.state.deps
+        if not request.state.admin or "authorization" in request.headers:
+            message = "Only the admin key switches tenants (bearer callers name one with ?tenant=)."
+            return self.render(request, "error.html", 403, tenant=tenant.name, message=message)
+        if not await self._csrf(request):
+            return self.expired(request, tenant.name)
+        name = str((await request.form()).get("tenant", ""))
+        if not any(t.name == name for t in deps.tenants.tenants):
+            return self.render(request, "error.html", 404, tenant=tenant.name, message="No such tenant.")
+        return self._signed_in(request, RedirectResponse("/dashboard", 303), name, admin=True)
 
     async def logout(self, request: Request) -> Response:
         form = await request.form()
@@ -181,18 +216,41 @@ class Dashboard:
 
     async def conversations(self, request: Request, tenant: Tenant) -> Response:
         deps: Deps = request.state.deps
-        user = request.query_params.get("user") or None
-        raw_page = request.query_params.get("page", "1")
+        params = request.query_params
+        user = params.get("user") or None
+        raw_page = params.get("page", "1")
         page = max(int(raw_page), 1) if raw_page.isdigit() else 1
+        filters = {name: params.get(name, "") for name in ("user", "q", "since", "until")}
+        try:
+            where = conversation_filter(params)
+        except InvalidRequest as exc:
+            return self.render(
+                request,
+                "conversations.html",
+                400,
+                tenant=tenant.name,
+                conversations=[],
+                filters=filters,
+                error=exc.message,
+                page=1,
+                more=False,
+            )
         found = await deps.store.list_conversations(
-            tenant.name, limit=PAGE + 1, user_id=user, offset=(page - 1) * PAGE
+            tenant.name,
+            limit=PAGE + 1,
+            user_id=user,
+            offset=(page - 1) * PAGE,
+            text=where.text,
+            since=where.since,
+            until=where.until,
         )
         return self.render(
             request,
             "conversations.html",
             tenant=tenant.name,
             conversations=found[:PAGE],
-            user=user or "",
+            filters=filters,
+            query=urlencode({k: v for k, v in filters.items() if v}),
             page=page,
             more=len(found) > PAGE,
         )
@@ -356,9 +414,16 @@ class Dashboard:
         return RedirectResponse(f"/dashboard/users/{quote(memory.user_id)}/memories?done=deleted", 303)
 
 
-def dashboard_routes(secret: str | None) -> list[BaseRoute]:
-    board = Dashboard(secret)
+def _named(deps: Deps, name: str | None) -> Tenant:
+    """The tenant called `name`, or the first one (what the admin sees until it switches)."""
+    tenants = deps.tenants.tenants
+    return next((t for t in tenants if t.name == name), tenants[0])
+
+
+def dashboard_routes(secret: str | None, admin_key: str | None = None) -> list[BaseRoute]:
+    board = Dashboard(secret, admin_key)
     return [
+        Route("/dashboard/tenant", board.page(board.switch_tenant), methods=["POST"]),
         Route("/dashboard/login", board.login_form, methods=["GET"]),
         Route("/dashboard/login", board.login, methods=["POST"]),
         Route("/dashboard/logout", board.logout, methods=["POST"]),

@@ -1,6 +1,9 @@
 """REST API over what the gateway stored, scoped to the caller's tenant.
 
-GET /api/conversations                      newest first; ?limit=&offset=&user_id=
+GET /api/conversations                      newest first; ?limit=&offset=&user_id=&q=&since=&until=
+                                            (q: a message holds it; since/until: the latest
+                                            message's time, a date or an ISO time, until inclusive
+                                            for a date)
 GET /api/conversations/{id}                 one conversation, with its indexing progress
 GET /api/conversations/{id}/messages        the whole tree: every node with its parent and depth
 GET /api/conversations/{id}/path/{node_id}  root-to-node path: the history one branch sees
@@ -14,8 +17,9 @@ GET /api/requests/{id}                      one request: status, usage, ContextR
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from datetime import datetime
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, date, datetime, timedelta
 
 import orjson
 from starlette.requests import Request
@@ -49,6 +53,39 @@ def _int_param(request: Request, name: str, default: int, upper: int) -> int:
     return int(raw)
 
 
+@dataclass(frozen=True, slots=True)
+class ConversationFilter:
+    text: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def conversation_filter(params: Mapping[str, str]) -> ConversationFilter:
+    """`q`, `since` and `until` of a conversation listing (the API's and the dashboard's): a bad value
+    is refused with the field named. A bare date means the whole day (`until` takes it in)."""
+
+    def moment(name: str, end: bool) -> datetime | None:
+        raw = params.get(name, "").strip()
+        if not raw:
+            return None
+        try:
+            if len(raw) == 10:
+                day = date.fromisoformat(raw)
+                start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+                return start + timedelta(days=1) if end else start
+            value = datetime.fromisoformat(raw)
+        except ValueError:
+            raise InvalidRequest(
+                f"'{name}' must be a date (2026-03-01) or an ISO time (2026-03-01T09:30:00Z).", param=name
+            ) from None
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+    text = params.get("q", "").strip()
+    if len(text) > 200:
+        raise InvalidRequest("'q' holds at most 200 characters.", param="q")
+    return ConversationFilter(text or None, moment("since", False), moment("until", True))
+
+
 def _message(message: StoredMessage) -> dict[str, object]:
     return {
         **asdict(message.node),
@@ -69,11 +106,15 @@ async def _conversation(deps: Deps, caller: Caller, request: Request) -> Convers
 async def list_conversations(request: Request) -> Response:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
+    where = conversation_filter(request.query_params)
     items = await deps.store.list_conversations(
         caller.tenant.name,
         limit=_int_param(request, "limit", 50, MAX_LIMIT),
         offset=_int_param(request, "offset", 0, 10**9),
         user_id=request.query_params.get("user_id"),
+        text=where.text,
+        since=where.since,
+        until=where.until,
     )
     return _json({"object": "list", "data": [asdict(c) for c in items]})
 

@@ -142,10 +142,12 @@ class _Asgi:
         await response(scope, receive, send)
 
 
-def routes(max_body_bytes: int, dashboard_secret: str | None = None) -> list[BaseRoute]:
+def routes(
+    max_body_bytes: int, dashboard_secret: str | None = None, admin_key: str | None = None
+) -> list[BaseRoute]:
     endpoints = Endpoints(max_body_bytes)
     return [
-        *dashboard_routes(dashboard_secret),
+        *dashboard_routes(dashboard_secret, admin_key),
         *memory_routes(),
         *api_routes(),
         Route("/v1/chat/completions", _Asgi(endpoints.chat_completions), methods=["POST"]),

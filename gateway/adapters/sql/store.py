@@ -16,7 +16,19 @@ from typing import Any, TypeVar
 
 import anyio
 import orjson
-from sqlalchemy import Engine, Select, bindparam, create_engine, delete, event, func, insert, update
+from sqlalchemy import (
+    Engine,
+    Select,
+    Text,
+    bindparam,
+    cast,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    update,
+)
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -348,12 +360,37 @@ class SqlStore:
     # -- read API -----------------------------------------------------------------------------------
 
     async def list_conversations(
-        self, tenant: str, *, limit: int = 50, user_id: str | None = None, offset: int = 0
+        self,
+        tenant: str,
+        *,
+        limit: int = 50,
+        user_id: str | None = None,
+        offset: int = 0,
+        text: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[Conversation]:
         def run() -> list[Conversation]:
             query = select(ConversationRow).where(ConversationRow.tenant == tenant)
             if user_id is not None:
                 query = query.where(ConversationRow.user_id == user_id)
+            if since is not None:
+                query = query.where(col(ConversationRow.updated_at) >= since)
+            if until is not None:
+                query = query.where(col(ConversationRow.updated_at) < until)
+            if text:
+                # A substring of the stored JSON (the message text; quotes and newlines are escaped there).
+                pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+                holds = (
+                    sa_select(col(MessageRow.id))
+                    .where(
+                        col(MessageRow.tenant) == tenant,
+                        col(MessageRow.conversation_id) == col(ConversationRow.id),
+                        cast(col(MessageRow.content), Text).ilike(pattern, escape="\\"),
+                    )
+                    .exists()
+                )
+                query = query.where(holds)
             query = query.order_by(col(ConversationRow.updated_at).desc()).offset(offset).limit(limit)
             with Session(self.engine) as session:
                 return [_conversation(row) for row in session.scalars(query)]
