@@ -211,17 +211,19 @@ def show(config_path: str | None, tenant: str, conversation_id: str) -> None:
 @main.command()
 @CONFIG_OPTION
 @TENANT_OPTION
+@click.option("--messages", is_flag=True, help="Also print every message sent, whole, in order.")
 @click.argument("request_id")
-def context(config_path: str | None, tenant: str, request_id: str) -> None:
+def context(config_path: str | None, tenant: str, request_id: str, messages: bool) -> None:
     """Show what a request sent upstream and why (its ContextReport)."""
     from gateway import ops
-    from gateway.cli_views import context_lines
+    from gateway.cli_views import context_lines, sent_lines
 
     try:
-        record = asyncio.run(ops.request_record(_config(config_path), tenant, request_id))
+        record, path = asyncio.run(ops.request_record(_config(config_path), tenant, request_id))
     except LookupError as exc:
         raise click.ClickException(str(exc)) from exc
     _echo_all(context_lines(record))
+    _echo_all(sent_lines(record, path, whole=messages))
 
 
 @main.command()

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from gateway.inbound.chat_form import calls_of, text_of
 from gateway.ports import JSON
 from gateway.records import Conversation, JobState, RequestRecord, StoredMessage
+from gateway.sent import sent_messages
 
 PREVIEW = 70
 
@@ -92,6 +93,32 @@ def context_lines(record: RequestRecord) -> Iterator[str]:
         yield f"cut: {cut['messages']} older messages ({cut.get('tokens')} tok) left out"
     if record.usage:
         yield f"usage: {record.usage.get('prompt_tokens')} prompt, {record.usage.get('completion_tokens')} completion"
+
+
+_SENT_LABELS = {
+    "context": " [the gateway's context block]",
+    "forgotten": " [the context block: removed when something it held was deleted]",
+    "missing": " [no longer stored]",
+}
+
+
+def sent_lines(record: RequestRecord, path: Sequence[StoredMessage], *, whole: bool) -> Iterator[str]:
+    """The messages the request sent, in order: a line each, or (`whole`) each message in full."""
+    rows = sent_messages(record.report or {}, list(path), record.sent_context)
+    if rows is None:
+        return
+    yield f"sent, in order ({len(rows)} messages):"
+    for number, row in enumerate(rows, 1):
+        tokens = f" ({row['tokens']} tok)" if row["tokens"] is not None else ""
+        label = _SENT_LABELS.get(str(row["kind"]), "")
+        text = str(row["text"])
+        if whole:
+            yield f"  {number}. {row['role']}{tokens}{label}"
+            yield from (f"     {line}" for line in text.splitlines())
+        else:
+            flat = " ".join(text.split())
+            flat = flat if len(flat) <= PREVIEW else flat[: PREVIEW - 1] + "…"
+            yield f"  {number}. {row['role']:<9}{tokens}{label} {flat}"
 
 
 def job_lines(counts: dict[str, int], failures: Sequence[JobState]) -> Iterator[str]:

@@ -102,12 +102,16 @@ async def conversation_tree(
         return conversation, await store.conversation_messages(tenant, conversation_id)
 
 
-async def request_record(config: GatewayConfig, tenant: str, request_id: str) -> RequestRecord:
+async def request_record(
+    config: GatewayConfig, tenant: str, request_id: str
+) -> tuple[RequestRecord, list[StoredMessage]]:
+    """A request's record and the stored path it was sent from (empty when it has none)."""
     async with _store(config) as store:
         record = await store.get_request(tenant, request_id)
-    if record is None:
-        raise LookupError(f"no request {request_id!r} for tenant {tenant!r}")
-    return record
+        if record is None:
+            raise LookupError(f"no request {request_id!r} for tenant {tenant!r}")
+        path = await store.path(tenant, record.parent_message_id) if record.parent_message_id else []
+    return record, path
 
 
 async def job_summary(config: GatewayConfig, tenant: str | None) -> tuple[dict[str, int], list[JobState]]:

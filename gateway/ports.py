@@ -176,8 +176,14 @@ class MessageStore(Protocol):
     async def delete_conversations(
         self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
     ) -> list[str]:
-        """Delete one conversation, or every conversation of one user, with everything stored about it;
-        returns the ids deleted."""
+        """Delete one conversation, or every conversation of one user, with everything stored about it
+        (the injected blocks kept with the user's other requests too, which may quote it); returns the
+        ids deleted."""
+        ...
+
+    async def forget_sent_context(self, tenant: str, user_id: str) -> int:
+        """Drop the injected blocks kept with a user's request records (something they may hold, a
+        memory, was deleted); returns how many records had one."""
         ...
 
     async def aclose(self) -> None: ...

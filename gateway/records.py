@@ -276,6 +276,9 @@ class RequestRecord:
     error: str | None
     latency_ms: float
     created_at: datetime
+    # The gateway's injected context block exactly as sent (a system message), None when it sent none or
+    # when something it held was deleted since (`MessageStore.forget_sent_context`).
+    sent_context: JSONObject | None = None
 
 
 @dataclass(frozen=True, slots=True)

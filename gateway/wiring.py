@@ -103,7 +103,9 @@ class Deps:
         target = self.memory.get(tenant)
         if target is None or self.memories is None:
             return None
-        return MemoryService(self.memories, target.vectors, target.embedder)
+        return MemoryService(
+            self.memories, target.vectors, target.embedder, forget_sent=self.store.forget_sent_context
+        )
 
     def tool_loop(self, tenant: str) -> ToolLoop | None:
         """What answers the model's memory_search calls for a tenant with agentic recall."""

@@ -72,6 +72,23 @@ def test_conversations_show_context_and_jobs_read_what_the_gateway_stored(
     assert explained.exit_code == 0, explained.output
     assert re.search(r"tokens: \d+ in the history, \d+ sent \(budget 300, \d+% saved\)", explained.output)
     assert "window" in explained.output and "retrieval" in explained.output
+    received = upstream.fake.last_chat().body["messages"]
+    assert f"sent, in order ({len(received)} messages):" in explained.output
+    whole = runner.invoke(
+        main,
+        [
+            "context",
+            "--config",
+            str(config),
+            "--tenant",
+            "acme",
+            "--messages",
+            raw.headers["x-gateway-request-id"],
+        ],
+    )
+    numbered = [line for line in whole.output.splitlines() if re.match(r"  \d+\. ", line)]
+    assert [line.split()[1] for line in numbered] == [m["role"] for m in received]
+    assert received[-1]["content"].strip() in whole.output  # each message whole
 
     queued = runner.invoke(main, ["jobs", "--config", str(config), "--tenant", "acme"])
     assert queued.exit_code == 0 and re.search(r"done [1-9]", queued.output), queued.output

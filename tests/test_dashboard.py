@@ -81,7 +81,7 @@ def sign_in(page: Page, gateway: Gateway, key: str) -> None:
 
 
 def test_a_tenant_signs_in_walks_the_tree_and_reads_a_requests_context(
-    browser: Browser, filled: tuple[Gateway, dict[str, str]], tmp_path: Path
+    browser: Browser, filled: tuple[Gateway, dict[str, str]], upstream: Upstream, tmp_path: Path
 ) -> None:
     gateway, ids = filled
     context = browser.new_context(viewport={"width": 1200, "height": 900})
@@ -122,6 +122,13 @@ def test_a_tenant_signs_in_walks_the_tree_and_reads_a_requests_context(
     }
     expected = {name: d["tokens"] for name, d in report["sections"].items() if d.get("tokens")}
     assert shown == expected and "window" in shown
+    # Below it, the messages sent, each whole: what the upstream received, in its order.
+    received = upstream.fake.last_chat().body["messages"]
+    listed = page.locator("#sent-messages > li").all()
+    assert [li.get_attribute("data-role") for li in listed] == [m["role"] for m in received]
+    assert [li.locator(".text").inner_text() for li in listed] == [m["content"] for m in received]
+    kinds = [li.get_attribute("data-kind") for li in listed]
+    assert kinds.count("context") == (1 if "<gateway_context>" in str(received) else 0)
     page.screenshot(path=str(tmp_path / "request.png"), full_page=True)
 
     # The overview lists the tenant's requests; the phone width still shows the tables.

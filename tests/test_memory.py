@@ -759,3 +759,51 @@ def test_a_memory_is_not_repeated_to_the_conversation_that_still_shows_its_sourc
     assert report["sections"]["memory"]["in_window"] >= 1
     ask(remembering, "Which pgbouncer pool mode suits our billing database?")  # a new conversation
     assert "Postgres 16 with pgbouncer" in injected(upstream)
+
+
+def test_the_block_sent_is_kept_with_the_request_until_what_it_held_is_deleted(
+    remembering: Gateway, upstream: Upstream
+) -> None:
+    """The request record keeps the injected block exactly as sent (the dashboard shows it); deleting a
+    memory, or a conversation of the same user, takes the kept blocks of that user's requests with it."""
+    base = f"{remembering.server.url}/api"
+    auth = {"Authorization": f"Bearer {GATEWAY_KEY}"}
+    made = httpx.post(
+        f"{base}/memories",
+        json={"content": "Ana's billing service runs on Postgres 16.", "type": "project"},
+        headers={**auth, "X-User-Id": "ana"},
+    )
+    assert made.status_code == 201, made.text
+
+    def record(raw: Any) -> Any:
+        return httpx.get(f"{base}/requests/{raw.headers['x-gateway-request-id']}", headers=auth).json()
+
+    first = ask(remembering, "Which Postgres version does our billing service run?")
+    sent = upstream.fake.last_chat().body["messages"]
+    kept = record(first)
+    assert kept["sent_context"] == sent[0] and "Postgres 16" in injected(upstream)
+    assert kept["report"]["sent"] == {"as_sent": True, "context_at": 0}
+    page = httpx.get(f"{remembering.server.url}/dashboard/requests/{kept['id']}", headers=auth)
+    assert page.status_code == 200 and "Ana&#39;s billing service runs on Postgres 16." in page.text
+    other = ask(remembering, "And which Postgres version runs billing, again?")  # a second conversation
+    bob = ask(remembering, "Which Postgres version does billing run?", user="bob")  # nothing to inject
+    assert record(bob)["sent_context"] is None
+
+    deleted = httpx.delete(f"{base}/memories/{made.json()['id']}", headers={**auth, "X-User-Id": "ana"})
+    assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+    assert record(first)["sent_context"] is None and record(other)["sent_context"] is None
+    page = httpx.get(f"{remembering.server.url}/dashboard/requests/{kept['id']}", headers=auth)
+    assert "Postgres 16" not in page.text and "its text was removed" in page.text
+
+    # A conversation deleted: blocks kept with the user's other requests may quote it, and go too.
+    again = httpx.post(
+        f"{base}/memories",
+        json={"content": "Ana's billing service runs on Postgres 17.", "type": "project"},
+        headers={**auth, "X-User-Id": "ana"},
+    )
+    assert again.status_code == 201
+    third = ask(remembering, "Which Postgres version is billing on now?")
+    assert "Postgres 17" in str(record(third)["sent_context"])
+    gone = httpx.delete(f"{base}/conversations/{first.headers['x-conversation-id']}", headers=auth)
+    assert gone.status_code == 200, gone.text
+    assert record(third)["sent_context"] is None

@@ -15,7 +15,7 @@ from gateway.adapters.lance_index import LanceIndex
 from gateway.fakes.openai_upstream import Reply
 from gateway.records import SearchQuery
 from gateway.wiring import index_table
-from tests.conftest import GATEWAY_KEY, Clock, Gateway, Upstream, api, tenant, wait_for_jobs
+from tests.conftest import GATEWAY_KEY, Clock, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
 
 TOPICS = [
     "the weather in Lisbon was mild and sunny all week",
@@ -609,9 +609,25 @@ def test_a_group_spanning_two_days_shows_each_messages_own_day(
         chat(filler(1, exchange + 4)[0]["content"])
     clock.now = datetime(2026, 3, 9, 9, 0, tzinfo=UTC)
     wait_for_jobs(gateway)
-    chat("Which flight code did we get for the Lisbon trip?")
+    upstream.fake.enqueue(Reply(content="TP-8841."))
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "Which flight code did we get for the Lisbon trip?"}],
+        extra_headers=thin,
+    )
     block = injected(upstream)
     assert "TP-8841" in block, block
+    # The record says exactly what went: stored messages by id, the block kept whole at its place.
+    recorded(gateway, raw.headers["x-gateway-request-id"])
+    record = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")
+    path = api(gateway, f"/conversations/{record['conversation_id']}/path/{record['parent_message_id']}")[
+        "data"
+    ]
+    by_id = {m["id"]: m["message"] for m in path}
+    layout = record["report"]["sent"]
+    rebuilt = [by_id[i] for i in layout["ids"]]
+    rebuilt.insert(layout["context_at"], record["sent_context"])
+    assert rebuilt == upstream.fake.last_chat().body["messages"]
     # The hit's group starts with the answer before it, from 2 March, then the hit, from 3 March: the
     # group is labelled with its first message's day and the day changes inside it on a line of its own.
     hit = block.index("user: The flight code for the Lisbon trip is TP-8841.")

@@ -5,16 +5,21 @@ NUL character is stored like any other."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, text
 
+from gateway.adapters.sql import migrations
+from gateway.adapters.sql.store import SqlStore, build_engine
 from gateway.fakes.openai_upstream import Reply
+from gateway.records import RequestRecord
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, recorded, tenant
 
 AUTH = {"Authorization": f"Bearer {GATEWAY_KEY}"}
@@ -199,3 +204,45 @@ def test_ids_with_a_nul_character_name_one_conversation_and_one_user(
     conversation = get(gateway, f"/conversations/{first['x-conversation-id']}").json()
     assert conversation["user_id"].startswith("sha256:")
     assert rows_of(database_url, first["x-conversation-id"]) == 4
+
+
+def test_the_sent_block_survives_the_migration_a_nul_and_is_forgotten_per_user(database_url: str) -> None:
+    """0008 adds `requests.sent_context` to a database made before it; the block is kept as sent (a NUL
+    included, which Postgres's jsonb cannot hold as such) and dropped for one user only."""
+    engine = build_engine(database_url)
+    try:
+        migrations.migrate(engine)
+        with engine.begin() as connection:  # as a database from before 0008 was
+            connection.execute(text("ALTER TABLE requests DROP COLUMN sent_context"))
+            connection.execute(text("DELETE FROM schema_migrations WHERE name = '0008_request_sent_context'"))
+        assert migrations.migrate(engine) == ["0008_request_sent_context"]
+    finally:
+        engine.dispose()
+    block = {
+        "role": "system",
+        "content": "<gateway_context>\nA NUL \x00 and an escape \ue000.\n</gateway_context>",
+    }
+
+    def record(request_id: str, user: str | None, sent: dict[str, Any] | None) -> RequestRecord:
+        return RequestRecord(
+            request_id, "acme", None, user, None, "gpt-4o", False, "complete", 200, 10, 10,
+            {"sent": {"ids": [], "context_at": 0}}, None, None, 1.0, datetime.now(UTC), sent,
+        )  # fmt: skip
+
+    async def scenario() -> None:
+        store = SqlStore.open(database_url)
+        try:
+            for request_id, user in [("r-ana-1", "ana"), ("r-ana-2", "ana"), ("r-bob", "bob")]:
+                await store.complete(record(request_id, user, block), None)
+            await store.complete(record("r-none", "ana", None), None)
+            got = await store.get_request("acme", "r-ana-1")
+            assert got is not None and got.sent_context == block
+            assert await store.forget_sent_context("acme", "ana") == 2
+            assert await store.forget_sent_context("globex", "bob") == 0  # another tenant's user
+            for request_id, kept in [("r-ana-1", None), ("r-ana-2", None), ("r-bob", block)]:
+                got = await store.get_request("acme", request_id)
+                assert got is not None and got.sent_context == kept and got.report is not None
+        finally:
+            await store.aclose()
+
+    asyncio.run(scenario())

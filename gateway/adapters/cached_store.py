@@ -137,6 +137,9 @@ class CachedMessageStore:
         self._forget(tenant, deleted)
         return sorted(deleted)
 
+    async def forget_sent_context(self, tenant: str, user_id: str) -> int:
+        return await self.inner.forget_sent_context(tenant, user_id)
+
     def _forget(self, tenant: str, conversations: set[str]) -> None:
         stale = [
             key

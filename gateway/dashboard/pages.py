@@ -30,6 +30,7 @@ from gateway.inbound.chat_form import calls_of, text_of
 from gateway.memory.records import USER_SCOPE, Memory, MemoryFilter
 from gateway.memory.service import MemoryService
 from gateway.records import StoredMessage
+from gateway.sent import sent_messages
 from gateway.tenants import Tenant
 from gateway.wiring import Deps
 
@@ -283,6 +284,11 @@ class Dashboard:
             return self.render(request, "error.html", 404, message="No such request for this tenant.")
         report = record.report or {}
         sections = report.get("sections") if isinstance(report.get("sections"), dict) else {}
+        path = (
+            await deps.store.path(tenant.name, record.parent_message_id)
+            if record.parent_message_id and isinstance(report.get("sent"), dict)
+            else []
+        )
         return self.render(
             request,
             "request.html",
@@ -290,6 +296,7 @@ class Dashboard:
             record=record,
             bar=bar(report) if report else None,
             sections=sections,
+            sent=sent_messages(report, path, record.sent_context),
             report_json=orjson.dumps(report, option=orjson.OPT_INDENT_2).decode(),
         )
 

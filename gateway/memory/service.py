@@ -7,7 +7,7 @@ they remove (a memory gone from SQL is never shown, whatever the index still hol
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 
@@ -32,6 +32,9 @@ class MemoryService:
     store: MemoryStore
     vectors: MemoryVectors
     embedder: Embedder
+    # Drops the injected blocks kept with a user's request records (`MessageStore.forget_sent_context`):
+    # they may quote a memory, or a profile made of it, that a deletion takes away.
+    forget_sent: Callable[[str, str], Awaitable[int]] | None = None
 
     async def create(
         self, tenant: str, user_id: str, drafts: Sequence[MemoryDraft], *, skip_known: bool = False
@@ -80,13 +83,19 @@ class MemoryService:
         return edited
 
     async def delete(self, tenant: str, memory_ids: Sequence[str]) -> int:
+        users = {m.user_id for m in await self.store.many(tenant, list(memory_ids))}
         count = await self.store.delete(tenant, memory_ids)
         await self.vectors.delete(tenant, memory_ids)
+        if self.forget_sent is not None:
+            for user in sorted(users):
+                await self.forget_sent(tenant, user)
         return count
 
     async def delete_user(self, tenant: str, user_id: str) -> list[str]:
         removed = await self.store.delete_user(tenant, user_id)
         await self.vectors.delete_user(tenant, user_id)
+        if self.forget_sent is not None:
+            await self.forget_sent(tenant, user_id)
         return removed
 
     async def search(

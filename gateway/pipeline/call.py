@@ -67,6 +67,7 @@ class CallState:
     explicit: bool = False
     thin: bool = False
     report: JSONObject | None = None
+    sent_context: JSONObject | None = None  # the injected block as sent (kept with the request record)
     question: QuestionVector | None = None
     original_tokens: int | None = None
     sent_tokens: int | None = None

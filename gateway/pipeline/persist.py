@@ -84,6 +84,7 @@ class PersistStep:
             original_tokens=state.original_tokens,
             sent_tokens=state.sent_tokens,
             report=state.report,
+            sent_context=state.sent_context,
             usage=outcome.usage,
             error=outcome.error,
             latency_ms=(time.perf_counter() - call.started) * 1000,

@@ -66,6 +66,13 @@ def _profile_covered(connection: Connection) -> None:
         connection.execute(text("ALTER TABLE memory_profiles ADD COLUMN covered TEXT"))
 
 
+def _request_sent_context(connection: Connection) -> None:
+    columns = {c["name"] for c in inspect(connection).get_columns(str(RequestRow.__tablename__))}
+    if "sent_context" not in columns:
+        kind = "JSONB" if connection.dialect.name == "postgresql" else "JSON"
+        connection.execute(text(f"ALTER TABLE requests ADD COLUMN sent_context {kind}"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     ("0001_conversations_messages_requests", _initial),
     ("0002_jobs", _jobs),
@@ -74,6 +81,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ("0005_memory_profiles", _memory_profiles),
     ("0006_responses", _responses),
     ("0007_profile_covered", _profile_covered),
+    ("0008_request_sent_context", _request_sent_context),
 )
 
 # Serialises migrations between gateway replicas starting together on one Postgres.

@@ -353,7 +353,9 @@ class SqlStore:
                     # Deleted while the answer streamed (nothing was written yet): the answer goes, and
                     # the record keeps no link to the conversation or its messages.
                     stored = False
-                    record = replace(record, conversation_id=None, parent_message_id=None, report=None)
+                    record = replace(
+                        record, conversation_id=None, parent_message_id=None, report=None, sent_context=None
+                    )
             connection.execute(insert(_REQUESTS), _record_fields(record))
             return stored
 
@@ -421,11 +423,7 @@ class SqlStore:
         def run() -> RequestRecord | None:
             with Session(self.engine) as session:
                 row = session.get(RequestRow, request_id)
-                if row is None or row.tenant != tenant:
-                    return None
-                fields = row.model_dump()
-                fields["created_at"] = _aware(row.created_at)
-                return RequestRecord(**fields)
+                return _request(row) if row is not None and row.tenant == tenant else None
 
         return await self._run(run)
 
@@ -439,11 +437,7 @@ class SqlStore:
 
         def run() -> list[RequestRecord]:
             with Session(self.engine) as session:
-                rows = list(session.scalars(query))
-                return [
-                    RequestRecord(**{**row.model_dump(), "created_at": _aware(row.created_at)})
-                    for row in rows
-                ]
+                return [_request(row) for row in session.scalars(query)]
 
         return await self._run(run)
 
@@ -456,19 +450,34 @@ class SqlStore:
         def run() -> list[str]:
             # Rows locked first (Postgres): an answer being stored meanwhile either commits before (and
             # is deleted here) or finds its conversation gone; SQLite serialises writers anyway.
-            query = sa_select(_CONVERSATIONS.c.id).where(_CONVERSATIONS.c.tenant == tenant).with_for_update()
+            query = (
+                sa_select(_CONVERSATIONS.c.id, _CONVERSATIONS.c.user_id)
+                .where(_CONVERSATIONS.c.tenant == tenant)
+                .with_for_update()
+            )
             if conversation_id is not None:
                 query = query.where(_CONVERSATIONS.c.id == conversation_id)
             if user_id is not None:
                 query = query.where(_CONVERSATIONS.c.user_id == user_id)
             with self.engine.begin() as connection:
-                ids = [row[0] for row in connection.execute(query)]
+                rows = list(connection.execute(query))
+                ids = [row[0] for row in rows]
                 for start in range(0, len(ids), _IN_CHUNK):
                     chunk = ids[start : start + _IN_CHUNK]
                     for table in _OWNED_BY_CONVERSATION:
                         column = table.c.id if table is _CONVERSATIONS else table.c.conversation_id
                         connection.execute(delete(table).where(table.c.tenant == tenant, column.in_(chunk)))
+                # Retrieval reaches a user's other conversations: blocks sent elsewhere may quote these.
+                for user in {row[1] for row in rows if row[1] is not None}:
+                    _forget_sent_context(connection, tenant, user)
             return ids
+
+        return await self._run(run)
+
+    async def forget_sent_context(self, tenant: str, user_id: str) -> int:
+        def run() -> int:
+            with self.engine.begin() as connection:
+                return _forget_sent_context(connection, tenant, user_id)
 
         return await self._run(run)
 
@@ -484,9 +493,28 @@ class SqlStore:
         await anyio.to_thread.run_sync(self.engine.dispose)
 
 
+def _forget_sent_context(connection: Connection, tenant: str, user_id: str) -> int:
+    requests = _REQUESTS.c
+    done = connection.execute(
+        update(_REQUESTS)
+        .where(requests.tenant == tenant, requests.user_id == user_id, requests.sent_context.is_not(None))
+        .values(sent_context=None)
+    )
+    return int(done.rowcount)
+
+
 def _record_fields(record: RequestRecord) -> dict[str, object]:
     fields: dict[str, object] = {name: getattr(record, name) for name in RequestRecord.__dataclass_fields__}
+    if record.sent_context is not None:
+        fields["sent_context"] = nul.pack(record.sent_context)
     return fields
+
+
+def _request(row: RequestRow) -> RequestRecord:
+    fields = row.model_dump()
+    fields["created_at"] = _aware(row.created_at)
+    fields["sent_context"] = nul.unpack(row.sent_context) if row.sent_context is not None else None
+    return RequestRecord(**fields)
 
 
 __all__ = ["JSONObject", "NewMessage", "SqlStore", "StoreError", "build_engine", "normalise_url"]

@@ -10,6 +10,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
 JSONType = JSON().with_variant(JSONB(), "postgresql")
+# None stored as SQL NULL (JSONType stores it as JSON null), so `IS NULL` finds it.
+NullableJSON = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
 
 
 def utcnow() -> datetime:
@@ -84,6 +86,10 @@ class RequestRow(SQLModel, table=True):
     error: str | None = None
     latency_ms: float
     created_at: datetime = Field(sa_column=_timestamp())
+    # The injected block as sent (NUL-packed like messages); cleared when something it held is deleted.
+    sent_context: dict[str, object] | None = Field(
+        default=None, sa_column=Column(NullableJSON, nullable=True)
+    )
 
 
 # A keyed job blocks a duplicate while it is in one of these statuses; the same predicate is the

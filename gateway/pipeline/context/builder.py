@@ -56,6 +56,7 @@ class ContextBuilder:
                 return ChatPayload({**body, "messages": added})
             state.sent_tokens = original
             state.report = _report(budget, original, original, unchanged=True, sections={}, cut=_cut([], 0))
+            state.report["sent"] = {"as_sent": True, "context_at": None}
             return payload
 
         leading = _leading_system(state.items)
@@ -144,6 +145,12 @@ class ContextBuilder:
             budget, original, sent, unchanged=False, sections=sections,
             cut=_cut(cut, cut_tokens),
         )  # fmt: skip
+        # What went, in order: stored messages by id (the block, kept whole, at its place).
+        state.report["sent"] = {
+            "ids": [item.node_id for item in messages if item.message is not block],
+            "context_at": len(build.system) if block is not None else None,
+        }
+        state.sent_context = block
         return ChatPayload({**body, "messages": [item.message for item in messages]})
 
     async def _added(
@@ -171,6 +178,8 @@ class ContextBuilder:
         }
         state.report = _report(budget, original, sent, unchanged=False, sections=sections, cut=_cut([], 0))
         state.report["history_unchanged"] = True
+        state.report["sent"] = {"as_sent": True, "context_at": leading}  # the history whole, the block added
+        state.sent_context = block
         messages: list[JSON] = [item.message for item in state.items[:leading]]
         return [*messages, block, *(item.message for item in state.items[leading:])]
 

@@ -1,0 +1,47 @@
+"""Reading back what a request sent upstream: its report's `sent` layout (stored messages by id, the
+injected block's place) over the request's path and the block kept with its record. Used by the
+dashboard's request page and `context-gateway context`."""
+
+from __future__ import annotations
+
+from gateway.inbound.chat_form import calls_of, text_of
+from gateway.ports import JSONObject
+from gateway.records import StoredMessage
+
+
+def shown_text(message: JSONObject) -> str:
+    """A message's whole text, its tool calls after it (the request page shows what was sent)."""
+    text = text_of(message.get("content"))
+    calls = [f"→ {c.name}({c.arguments})" for c in calls_of(message)]
+    return "\n".join([text, *calls]) if calls else text
+
+
+def sent_messages(
+    report: JSONObject, path: list[StoredMessage], context: JSONObject | None
+) -> list[dict[str, object]] | None:
+    """The messages a request sent, in order, from its report's `sent` layout: stored messages read back
+    by id from the request's path, and the injected block as kept with the record. None when the report
+    has no layout (pass-through, or a record from before it was kept)."""
+    layout = report.get("sent")
+    if not isinstance(layout, dict):
+        return None
+    by_id = {m.node.id: m for m in path}
+    ids = layout.get("ids")
+    chosen: list[StoredMessage | None] = (
+        [by_id.get(i) if isinstance(i, str) else None for i in ids] if isinstance(ids, list) else list(path)
+    )
+    rows: list[dict[str, object]] = [
+        {"kind": "stored", "role": m.node.role, "tokens": m.node.token_count, "text": shown_text(m.data)}
+        if m is not None
+        else {"kind": "missing", "role": "?", "tokens": None, "text": ""}
+        for m in chosen
+    ]
+    at = layout.get("context_at")
+    if isinstance(at, int):
+        block: dict[str, object]
+        if context is not None:
+            block = {"kind": "context", "role": "system", "tokens": None, "text": shown_text(context)}
+        else:
+            block = {"kind": "forgotten", "role": "system", "tokens": None, "text": ""}
+        rows.insert(min(at, len(rows)), block)
+    return rows
