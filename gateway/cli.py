@@ -1,5 +1,6 @@
 """`context-gateway` command line: serve the gateway, read what it stored (conversations, show, context,
-jobs, memories), load exported histories (import), summarise now (compact), or play the built-in demo."""
+jobs, memories), load exported histories (import), summarise now (compact), index again (reindex), or
+play the built-in demo."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -281,6 +283,52 @@ def import_file(config_path: str | None, tenant: str, user: str | None, model: s
         click.echo(
             f"  {conversation_id}  {len(conversation.messages):>5} messages  {conversation.title or ''}"
         )
+
+
+@main.command()
+@CONFIG_OPTION
+@TENANT_OPTION
+@click.option(
+    "--queue-only", is_flag=True, help="Queue the jobs and return: a gateway serving this store runs them."
+)
+@click.argument("conversation_id", required=False)
+def reindex(config_path: str | None, tenant: str, queue_only: bool, conversation_id: str | None) -> None:
+    """Index a tenant's conversations (or one) again, every branch: after a change of embedding model,
+    or to fill what a failed job left out. Runs the embedding here, with a progress bar."""
+    from gateway import ops
+
+    with contextlib.ExitStack() as stack:
+        bar: Any = None  # opened at the first report, when the backlog's size is known
+        total = 0
+
+        def progress(left: int) -> None:
+            nonlocal bar, total
+            if bar is None:
+                total = max(left, 1)
+                bar = stack.enter_context(
+                    click.progressbar(length=total, label="embedding messages", file=sys.stderr)
+                )
+            bar.update(max(total - left - bar.pos, 0))
+
+        try:
+            done = asyncio.run(
+                ops.reindex(
+                    _config(config_path), tenant, conversation_id, run=not queue_only, progress=progress
+                )
+            )
+        except LookupError as exc:
+            raise click.ClickException(str(exc)) from exc
+    already = done.branches - done.queued
+    click.echo(
+        f"{done.conversations} conversations, {done.branches} branches: {done.queued} embed jobs queued"
+        + (f" ({already} were pending already)" if already else "")
+    )
+    if queue_only:
+        click.echo("a gateway serving this store runs them; /healthz 'indexing' shows what is left")
+    elif done.failed:
+        raise click.ClickException(f"{done.failed} embed jobs failed for good: see `context-gateway jobs`")
+    else:
+        click.echo("indexed: every branch's messages are searchable and embedded")
 
 
 @main.group()

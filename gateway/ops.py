@@ -6,7 +6,8 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import anyio
 import orjson
@@ -18,8 +19,17 @@ from gateway.memory.records import Memory, MemoryFilter
 from gateway.memory.service import MemoryService
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.ports import JSONObject
-from gateway.records import Conversation, JobState, RequestRecord, StoredMessage, compact_job
-from gateway.wiring import build_deps
+from gateway.records import (
+    EMBED,
+    Conversation,
+    EmbedWork,
+    IndexBacklog,
+    JobState,
+    RequestRecord,
+    StoredMessage,
+    compact_job,
+)
+from gateway.wiring import build_deps, retrieves
 
 
 async def compact_now(
@@ -117,6 +127,67 @@ async def request_record(
 async def job_summary(config: GatewayConfig, tenant: str | None) -> tuple[dict[str, int], list[JobState]]:
     async with _store(config) as store:
         return await store.jobs.counts(tenant), await store.jobs.failures(tenant)
+
+
+@dataclass(frozen=True, slots=True)
+class Reindexed:
+    conversations: int
+    branches: int  # embed jobs asked for: one per branch (a leaf and its whole path)
+    queued: int  # of those, queued now (the others were pending already)
+    failed: int  # embed jobs of the tenant that failed for good while this command ran them
+
+
+async def reindex(
+    config: GatewayConfig,
+    tenant: str,
+    conversation_id: str | None,
+    *,
+    run: bool,
+    progress: Callable[[int], None],
+) -> Reindexed:
+    """Queue embed jobs for every branch of the tenant's conversations (or of one) and, with `run`, work
+    through the embed queue in this process until the tenant's backlog is empty, calling `progress` with
+    the messages still waiting for their vectors. Rows the index holds already are kept (the index merges
+    on row id), so after a model change, whose index is a table of its own, everything is embedded anew."""
+    tenant_config = next((t for t in config.tenants if t.name == tenant), None)
+    if tenant_config is None:
+        raise LookupError(f"no tenant {tenant!r} in this config")
+    if not retrieves(tenant_config):
+        raise LookupError(
+            f"tenant {tenant!r} has no retrieval (retrieval.enabled): there is no index to fill"
+        )
+    deps = build_deps(config)
+    try:
+        if conversation_id is not None:
+            found = await deps.store.get_conversation(tenant, conversation_id)
+            if found is None:
+                raise LookupError(f"no conversation {conversation_id!r} for tenant {tenant!r}")
+            conversations = [found]
+        else:
+            conversations = []
+            while page := await deps.store.list_conversations(tenant, limit=500, offset=len(conversations)):
+                conversations += page
+        branches = queued = 0
+        for conversation in conversations:
+            messages = await deps.store.conversation_messages(tenant, conversation.id)
+            parents = {m.node.parent_id for m in messages}
+            for leaf in (m for m in messages if m.node.id not in parents):
+                branches += 1
+                work = EmbedWork(conversation.id, leaf.node.id, leaf.node.depth + 1)
+                queued += await deps.jobs.enqueue(work.job(tenant)) is not None
+        failed = 0
+        if run:
+            started = datetime.now(UTC)
+            async with deps.workers.only([EMBED]).running():
+                while pending := await deps.jobs.pending(EMBED, f"{EMBED}:", tenant):
+                    progress(IndexBacklog.of(pending).unembedded)
+                    await anyio.sleep(0.2)
+            progress(0)
+            failures = await deps.jobs.failures(tenant, limit=1_000)
+            failed = sum(1 for j in failures if j.kind == EMBED and j.updated_at >= started)
+        return Reindexed(len(conversations), branches, queued, failed)
+    finally:
+        await deps.aclose()
 
 
 @contextlib.asynccontextmanager

@@ -9,10 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import lancedb
 from click.testing import CliRunner
 
 from gateway.cli import main
 from gateway.fakes.openai_upstream import Reply
+from gateway.wiring import index_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -197,3 +199,63 @@ def test_import_loads_exports_through_the_ingest_path_once(
     assert refused.exit_code == 1 and "conversations[0].messages[0]" in refused.output
     assert "nothing was imported" in refused.output
     assert len(api(gateway, "/conversations")["data"]) == 2
+
+
+def test_reindex_after_a_model_change_embeds_every_branch_in_the_new_models_table(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY])])  # MiniLM
+    client = gateway.client()
+    upstream.fake.enqueue(Reply("Noted."), Reply("Second answer."), Reply("Edited answer."))
+    history: list[Any] = [{"role": "user", "content": "The vault code is QX-5521."}]
+    client.chat.completions.create(model="gpt-4o", messages=history)
+    history += [{"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Second question."}]
+    client.chat.completions.create(model="gpt-4o", messages=history)
+    edited = [*history[:2], {"role": "user", "content": "An edited second question."}]
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=edited)
+    recorded(gateway, raw.headers["x-gateway-request-id"])
+    wait_for_jobs(gateway)
+    conversation_id = raw.headers["x-conversation-id"]
+    stored = {m["id"] for m in api(gateway, f"/conversations/{conversation_id}/messages")["data"]}
+    assert len(stored) == 6  # two branches after the first exchange
+    gateway.server.stop()
+
+    # The same store, now with the multilingual model: its index is a table of its own, empty.
+    e5 = "multilingual-e5-small-q4"
+    tenants = [
+        tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY], retrieval={"embedder": {"model": e5}})
+    ]
+    config = tmp_path / "e5.yaml"
+    config.write_text(json.dumps({"storage": gateway.config.storage.model_dump(), "tenants": tenants}))
+
+    def embedded(model: str) -> list[str]:
+        """Message ids with a vector in the model's table (a row per view)."""
+        db = lancedb.connect(gateway.config.storage.index_location)
+        if index_table(model) not in db.table_names():
+            return []
+        rows = db.open_table(index_table(model)).to_arrow().to_pylist()
+        return [r["node_id"] for r in rows if r["conversation_id"] == conversation_id and r["vector"]]
+
+    assert set(embedded("all-MiniLM-L6-v2-int8")) == stored and embedded(e5) == []
+    runner = CliRunner()
+    done = runner.invoke(main, ["reindex", "--config", str(config), "--tenant", "acme"])
+    assert done.exit_code == 0, done.output
+    assert "1 conversations, 2 branches: 2 embed jobs queued" in done.output
+    assert "indexed: every branch's messages are searchable and embedded" in done.output
+    views = embedded(e5)
+    assert set(views) == stored  # both branches, the shared first exchange included
+    again = runner.invoke(main, ["reindex", "--config", str(config), "--tenant", "acme", conversation_id])
+    assert again.exit_code == 0 and "2 embed jobs queued" in again.output, again.output
+    assert sorted(embedded(e5)) == sorted(views)  # merged on row id: nothing twice
+
+    queued = runner.invoke(main, ["reindex", "--config", str(config), "--tenant", "acme", "--queue-only"])
+    assert queued.exit_code == 0 and "a gateway serving this store runs them" in queued.output
+    pending = runner.invoke(main, ["jobs", "--config", str(config), "--tenant", "acme"])
+    assert re.search(r"queued 2\b", pending.output), pending.output  # left for a serving gateway
+    missing = runner.invoke(main, ["reindex", "--config", str(config), "--tenant", "acme", "nope"])
+    assert missing.exit_code == 1 and "no conversation 'nope'" in missing.output
+    off = tmp_path / "off.yaml"
+    tenants[0]["retrieval"] = {"enabled": False}
+    off.write_text(json.dumps({"storage": gateway.config.storage.model_dump(), "tenants": tenants}))
+    refused = runner.invoke(main, ["reindex", "--config", str(off), "--tenant", "acme"])
+    assert refused.exit_code == 1 and "has no retrieval" in refused.output

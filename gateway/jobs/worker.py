@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -98,6 +98,14 @@ class WorkerPool:
         """Add or replace the handler for `kind`; running loops pick it up on their next lease."""
         self._handlers[kind] = handler
         self.notify()
+
+    def only(self, kinds: Sequence[str]) -> WorkerPool:
+        """A pool of its own on the same queue, running only `kinds` (a command that works through the
+        jobs it queued, like `context-gateway reindex`, without taking other kinds of work)."""
+        handlers = {kind: handler for kind, handler in self._handlers.items() if kind in kinds}
+        return WorkerPool(
+            self.queue, handlers, self.config, grace_seconds=self._grace_seconds, observe=self._observe
+        )
 
     @property
     def kinds(self) -> list[str]:
