@@ -2,7 +2,8 @@
 
 The story, in about a minute and with no provider key: a long trip-planning chat whose first message
 holds a booking code; many turns later the user asks for it, and retrieval brings it back although the
-recent window dropped it long ago (a summary of the old turns appears too); then a new conversation of
+recent window dropped it long ago and the rolling summary of the old turns (the stand-in model's, which
+keeps only the newest questions) lost it; then a new conversation of
 the same user starts with what memory learnt (vegetarian, no early flights). Each turn prints what the
 client sent and what the gateway forwarded; the turns that matter print the injected context. With
 `--keep` the gateway stays up afterwards, for the dashboard.
@@ -61,7 +62,7 @@ def _sections(base: str, request_id: str) -> str:
             report = response.json().get("report") or {}
             sections = report.get("sections") or {}
             used = [
-                f"{name} {d['tokens']}"
+                f"{name} {d['tokens']}" + (f" ({d['exchanges']} exchanges)" if "exchanges" in d else "")
                 for name, d in sections.items()
                 if isinstance(d, dict) and d.get("tokens")
             ]
@@ -82,7 +83,7 @@ def run_demo(turns: int, echo: Callable[[str], None], *, keep: bool = False) -> 
     further back the code lies)."""
     from openai import OpenAI
 
-    upstream = FakeUpstream(model="stand-in")
+    upstream = FakeUpstream(model="stand-in", readable_summaries=True)
     tokenizer = TiktokenTokenizer.for_model("gpt-4o")
     with (
         tempfile.TemporaryDirectory(prefix="context-gateway-demo-") as data,

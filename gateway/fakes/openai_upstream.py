@@ -73,6 +73,9 @@ class FakeUpstream:
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     record: bool = True
     max_embedding_words: int | None = None  # /v1/embeddings refuses longer inputs (None: no limit)
+    # Summaries a person can read (the demo's): the user's questions, one line each; tests keep the
+    # default, whose lists say exactly which messages were folded.
+    readable_summaries: bool = False
 
     def enqueue(self, *replies: Reply) -> None:
         with self._lock:
@@ -95,6 +98,8 @@ class FakeUpstream:
     def next_reply(self, body: JSONObject) -> Reply:
         summary = summarisation_answer(body)
         memory = memory_answer(body) if summary is None else None
+        if summary is not None and self.readable_summaries:
+            summary = readable_summary(body)
         with self._lock:
             if memory is not None:
                 self.memory_calls += 1
@@ -319,6 +324,22 @@ def summarisation_answer(body: JSONObject) -> str | None:
     else:
         return None
     return "## Key identifiers\nfolded: " + " ".join(entries)
+
+
+_USER_LINE = re.compile(r"^\[#\d+ user[^\]]*\] (.+)$", re.MULTILINE)
+_ASKED = re.compile(r"^- .+$", re.MULTILINE)
+
+
+def readable_summary(body: JSONObject) -> str:
+    """A stand-in summary a person can read: what the user asked, newest last, each cut at 60 characters
+    (a chunk lists its user messages; a merge keeps its inputs' lines, the newest four). Much is lost,
+    as in a real summary: what it drops, retrieval brings back."""
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    text = str(last.get("content") or "") if isinstance(last, dict) else ""
+    lines = [f"- The user asked: {line.strip()[:60]}" for line in _USER_LINE.findall(text)]
+    lines = lines or list(dict.fromkeys(_ASKED.findall(text)))
+    return "## What the user has been asking\n" + "\n".join(lines[-4:])
 
 
 def default_answer(body: JSONObject) -> str:

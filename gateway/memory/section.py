@@ -66,6 +66,7 @@ class MemorySection:
     embedder: Embedder | None  # None: keyword search only
     config: MemoryConfig
     name: str = "memory"
+    whole: bool = False
 
     @property
     def allowance(self) -> int:

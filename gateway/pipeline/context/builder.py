@@ -85,7 +85,9 @@ class ContextBuilder:
         # the extra from the window's share, down to the smallest window; the summary keeps its share.
         extra = sum(max(w - s.allowance, 0) for w, s in zip(wanted, self.sections, strict=True)) * scale
         reserved = int(max(share - extra, smallest))
-        spare = available - reserved  # the window always keeps its own share
+        # The window always keeps its own share; the sections' texts share the rest with the block's own
+        # framing (header, delimiters, a separator per section), which their allowances do not count.
+        spare = max(available - reserved - _framing_tokens(tokenizer, len(self.sections)), 0)
         # What the window keeps at that share: the other sections work on what lies before it.
         build = replace(build, window=(await window.propose(build, reserved)).messages)
         injected, reported = await self._propose(build, wanted, planned, scale, spare)
@@ -199,8 +201,12 @@ class ContextBuilder:
         reported: dict[str, JSONObject] = {}
         chosen = self.sections if sections is None else sections
         for section, want, plan_seconds in zip(chosen, wanted, planned, strict=True):
-            # Its own scaled share plus what higher sections left; never the window's reserved share.
-            allowance = max(min(int(want * scale) + carry, spare), 0)
+            # Its own scaled share (a `whole` section: its whole ask, up to half of what is spare) plus what
+            # higher sections left; never the window's reserved share.
+            share = int(want * scale)
+            if section.whole:
+                share = max(share, min(want, spare // 2))
+            allowance = max(min(share + carry, spare), 0)
             started = time.perf_counter()
             proposal = await section.propose(build, allowance)
             seconds = plan_seconds + time.perf_counter() - started
@@ -238,6 +244,13 @@ class ContextBuilder:
 
 
 REGROW_TOKENS = 200  # leftover budget worth a second pass (see `__call__`)
+
+
+def _framing_tokens(tokenizer: Tokenizer, sections: int) -> int:
+    """Tokens of the injected block around its sections' texts: header, delimiters and message
+    overhead, and a separator per section."""
+    empty = _injected_block([("", Proposal(text=""))])
+    return (tokenizer.count_message(empty) if empty is not None else 0) + sections
 
 
 def _injected_block(injected: list[tuple[str, Proposal]]) -> JSONObject | None:

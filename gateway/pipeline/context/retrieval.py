@@ -120,6 +120,7 @@ class RetrievalSection:
     clock: Callable[[], datetime]
     jobs: JobQueue | None = None  # says how much of the conversation is still waiting for the index
     name: str = "retrieval"
+    whole: bool = False
     # (encoding, message id) -> tokens of the message's line, least recently used first.
     line_tokens: OrderedDict[tuple[str, str], int] = field(
         default_factory=OrderedDict, init=False, repr=False

@@ -52,6 +52,12 @@ class Section(Protocol):
         """Default allowance under a large budget; scaled down when the budget is smaller."""
         ...
 
+    @property
+    def whole(self) -> bool:
+        """Worth its whole ask under a small budget too, up to half of what the window leaves (the
+        summary: the task state, sent whole or not at all); the others are scaled to the budget."""
+        ...
+
     async def plan(self, build: BuildInput) -> int:
         """This request's allowance before scaling: the default, more when the question needs it
         (retrieval, for a question about the past), or 0 when the section has nothing worth sending."""

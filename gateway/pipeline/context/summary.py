@@ -19,6 +19,7 @@ class SummarySection:
     summaries: SummaryStore
     allowance: int
     name: str = "summary"
+    whole: bool = True
 
     async def plan(self, build: BuildInput) -> int:
         return self.allowance
