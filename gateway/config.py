@@ -78,6 +78,15 @@ class LocalEmbedderConfig(_Frozen):
     batch_size: int = Field(default=16, ge=1)
 
 
+class TracingConfig(_Frozen):
+    # OTLP/HTTP traces endpoint (e.g. http://collector:4318/v1/traces): each chat request is exported as
+    # a trace (needs `pip install "context-gateway[otel]"`). None: no tracing, nothing of it loaded.
+    otlp_endpoint: str | None = None
+    service_name: str = "context-gateway"
+    # Spans are batched and sent at least this often (and whatever is left at shutdown).
+    flush_seconds: float = Field(default=5.0, gt=0)
+
+
 class JobsConfig(_Frozen):
     """The background job queue's workers (compaction, embedding, memory extraction)."""
 
@@ -267,6 +276,7 @@ class GatewayConfig(_Frozen):
     storage: StorageConfig = StorageConfig()
     jobs: JobsConfig = JobsConfig()
     embeddings: LocalEmbedderConfig = LocalEmbedderConfig()
+    tracing: TracingConfig = TracingConfig()
     tenants: tuple[TenantConfig, ...] = Field(min_length=1)
 
     @model_validator(mode="after")

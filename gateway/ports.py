@@ -6,7 +6,7 @@ fake or a real loopback stand-in (`gateway.fakes`) so tests never patch modules.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol, TypeAlias
@@ -265,6 +265,45 @@ class SummaryStore(Protocol):
     async def save(self, tenant: str, conversation_id: str, version: int, rows: Sequence[NewSummary]) -> bool:
         """Store `rows` and move the cursor to the last one, only if the cursor is still at `version`
         (`UPDATE ... WHERE version = ?`): of two workers racing, one wins and the other's work is dropped."""
+        ...
+
+
+TraceValue: TypeAlias = "str | int | float | bool | None"  # None: the attribute is left out
+
+
+class Span(Protocol):
+    """One timed step of a request (OpenTelemetry's span, behind the port)."""
+
+    def set(self, attributes: Mapping[str, TraceValue]) -> None: ...
+
+    def fail(self, message: str) -> None:
+        """Mark the span as failed (an error status with the message; never message text)."""
+        ...
+
+    def end(self) -> None: ...
+
+
+class Trace(Protocol):
+    """One request's spans: `root` is the request's own, `start` opens a child of it (explicitly: a
+    stream's spans end after the handler returned, outside its context)."""
+
+    @property
+    def root(self) -> Span: ...
+
+    def start(
+        self, name: str, attributes: Mapping[str, TraceValue] | None = None, *, client: bool = False
+    ) -> Span:
+        """A child of the root; `client`: a call out of the gateway (the provider's)."""
+        ...
+
+
+class Tracer(Protocol):
+    def trace(self, name: str, attributes: Mapping[str, TraceValue]) -> Trace:
+        """A new request trace, its root span a server span called `name`."""
+        ...
+
+    def shutdown(self) -> None:
+        """Export what is buffered and stop."""
         ...
 
 

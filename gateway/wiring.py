@@ -8,9 +8,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import anyio
+
 from gateway.adapters.sql.tables import utcnow
-from gateway.config import LOCAL_MODELS, GatewayConfig, MemoryConfig, TenantConfig
-from gateway.errors import StoreError
+from gateway.config import LOCAL_MODELS, GatewayConfig, MemoryConfig, TenantConfig, TracingConfig
+from gateway.errors import ConfigError, StoreError
 from gateway.jobs.compact import CompactHandler, CompactionTarget
 from gateway.jobs.embed import EmbedHandler, IndexTarget
 from gateway.jobs.extract_memory import ExtractMemoryHandler, MemoryTarget
@@ -44,6 +46,7 @@ from gateway.ports import (
     ResponseStore,
     SummaryStore,
     Tokenizers,
+    Tracer,
     Upstream,
     VectorIndex,
 )
@@ -58,6 +61,7 @@ from gateway.records import (
 )
 from gateway.telemetry.metrics import Metrics
 from gateway.tenants import Tenant, TenantRegistry
+from gateway.tracing import NullTracer
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,7 @@ class Deps:
     indexes: dict[str, IndexTarget] = field(default_factory=dict)  # tenant -> its retrieval index
     memories: MemoryStore | None = None
     memory: dict[str, MemoryTarget] = field(default_factory=dict)  # tenant -> its memory
+    tracer: Tracer = field(default_factory=NullTracer)  # request traces (tracing.otlp_endpoint)
 
     async def delete_conversations(
         self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
@@ -164,6 +169,7 @@ class Deps:
 
     async def aclose(self) -> None:
         await self.workers.stop()
+        await anyio.to_thread.run_sync(self.tracer.shutdown)  # exports the spans still batched
         await self.tenants.aclose()
         await self.store.aclose()
         for closing in {id(t.index): t.index for t in self.indexes.values()}.values():
@@ -478,4 +484,18 @@ def build_deps(
         indexes=indexes,
         memories=memories,
         memory=memory,
+        tracer=build_tracer(config.tracing),
     )
+
+
+def build_tracer(config: TracingConfig) -> Tracer:
+    """OpenTelemetry's exporter when an endpoint is configured; otherwise nothing of it is imported."""
+    if config.otlp_endpoint is None:
+        return NullTracer()
+    try:
+        from gateway.adapters.otel_tracer import OtelTracer
+    except ImportError as exc:
+        raise ConfigError(
+            'tracing.otlp_endpoint is set but OpenTelemetry is not installed: pip install "context-gateway[otel]"'
+        ) from exc
+    return OtelTracer(config.otlp_endpoint, config.service_name, config.flush_seconds)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import orjson
 from starlette.background import BackgroundTask
@@ -23,9 +24,9 @@ from gateway.http.streaming import RelayResponse
 from gateway.memory.scope import incognito
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.forward import buffered_outcome
-from gateway.ports import JSONObject
+from gateway.ports import ChatPayload, JSONObject, Span, TraceValue
 from gateway.telemetry.logs import log_request, logging_requests
-from gateway.tenants import Caller
+from gateway.tenants import Caller, Tenant
 from gateway.wiring import Deps
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,18 @@ class _Tally:
         call = self.call
         stream = call.stream if call is not None else False
         report = call.state.report if call is not None else None
+        if call is not None:
+            call.trace.root.set(
+                {
+                    "http.response.status_code": status,
+                    "gen_ai.conversation.id": call.state.conversation_id,
+                    "gateway.tokens.original": call.state.original_tokens,
+                    "gateway.tokens.sent": call.state.sent_tokens,
+                }
+            )
+            if status >= 500:
+                call.trace.root.fail(f"HTTP {status}")
+            call.trace.root.end()
         self.deps.metrics.request(self.route, self.tenant, status, stream, self.timings, report)
         if not logging_requests():
             return
@@ -140,16 +153,19 @@ async def _exchange(
         headers=door.upstream_headers(to_upstream(request.scope["headers"], chat=True)),
         started=request.scope["started"],
     )
-    tally.call = call
     tenant = caller.tenant
+    call.trace = deps.tracer.trace(f"POST {door.route}", _request_attributes(call, door.route))
+    tally.call = call
     pipeline = tenant.pipeline
     payload = await pipeline.prepare(call)
 
     sent = time.perf_counter()
+    upstream_span = call.trace.start(*_provider_call(tenant, payload), client=True)
     try:
         response = await door.send(tenant, call, payload, caller.client_key)
     except UpstreamError as exc:
         deps.counters.upstream_errors += 1
+        _ended(upstream_span, None, exc.message)
         await pipeline.complete(call, buffered_outcome(exc.status, exc.message.encode()))
         raise
     waited = time.perf_counter() - sent
@@ -185,6 +201,7 @@ async def _exchange(
         async def on_close(disconnected: bool) -> None:
             await response.close()
             outcome = relay.outcome(response.status, disconnected=disconnected)
+            _ended(upstream_span, outcome, outcome.error)
             if outcome.client_disconnected:
                 deps.counters.client_disconnects += 1
             await persist(outcome)
@@ -196,6 +213,7 @@ async def _exchange(
         body = await response.read()
     except UpstreamError as exc:
         deps.counters.upstream_errors += 1
+        _ended(upstream_span, None, exc.message)
         await persist(buffered_outcome(exc.status, exc.message.encode()))  # recorded as failed
         raise
     finally:
@@ -216,10 +234,12 @@ async def _exchange(
             status, body = await loop.finish(call, door.sent, status, body, post)
         except UpstreamError as exc:
             deps.counters.upstream_errors += 1
+            _ended(upstream_span, None, exc.message)
             await persist(buffered_outcome(exc.status, exc.message.encode()))  # recorded as failed
             raise
     upstream_seconds = time.perf_counter() - sent
     outcome = door.outcome(status, body)
+    _ended(upstream_span, outcome, outcome.error)
     status, body = door.answer(status, body)
     overhead = overhead_header(request, upstream_seconds)
     headers = [*to_client(response.headers, decoded=True), *parsed.headers, *_context_headers(call), overhead]
@@ -232,6 +252,56 @@ async def _exchange(
     reply = Response(body, status_code=status, background=done)
     reply.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
     return reply
+
+
+def _request_attributes(call: ChatCall, route: str) -> dict[str, TraceValue]:
+    model = call.body.get("model")
+    return {
+        "http.request.method": "POST",
+        "http.route": route,
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": model if isinstance(model, str) else None,
+        "gateway.tenant": call.tenant,
+        "gateway.request_id": call.request_id,
+        "gateway.stream": call.stream,
+    }
+
+
+def _provider_call(tenant: Tenant, payload: ChatPayload) -> tuple[str, dict[str, TraceValue]]:
+    """The provider call's span: named and described as the GenAI semantic conventions say."""
+    model = payload.data.get("model")
+    name = model if isinstance(model, str) else "unknown"
+    upstream = tenant.config.upstream
+    attributes: dict[str, TraceValue] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": upstream.provider,
+        "gen_ai.request.model": name,
+        "server.address": urlsplit(upstream.base_url).hostname if upstream.base_url else None,
+    }
+    return f"chat {name}", attributes
+
+
+def _ended(span: Span, outcome: ChatOutcome | None, error: str | None) -> None:
+    """End the provider call's span with what came back: model, token usage, finish reasons."""
+    if outcome is not None:
+        usage = outcome.usage or {}
+        reasons = [str(c["finish_reason"]) for c in outcome.choices if c.get("finish_reason")]
+        span.set(
+            {
+                "gen_ai.response.model": outcome.model,
+                "gen_ai.usage.input_tokens": _int(usage.get("prompt_tokens")),
+                "gen_ai.usage.output_tokens": _int(usage.get("completion_tokens")),
+                "gen_ai.response.finish_reasons": ",".join(reasons) or None,
+                "http.response.status_code": outcome.http_status,
+            }
+        )
+    if error is not None:
+        span.fail("the provider call failed" if outcome is None else f"answer {outcome.status}")
+    span.end()
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 async def count_message_tokens(request: Request, max_body_bytes: int) -> Response | RelayResponse:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import ClassVar
 
 import orjson
 
@@ -66,6 +67,8 @@ def _names(tools: JSON) -> set[str]:
 
 @dataclass(slots=True)
 class OfferMemoryTool:
+    span_name: ClassVar[str] = "memory.tool"  # its span in a request trace
+
     config: MemoryConfig
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:

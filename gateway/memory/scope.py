@@ -7,6 +7,7 @@ No memory without a user (unless the tenant names a default one), none when the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from gateway.config import MemoryConfig
 from gateway.pipeline.call import ChatCall, MemoryScope
@@ -43,6 +44,8 @@ def incognito(headers: Headers) -> bool:
 
 @dataclass(slots=True)
 class MemoryScopeStep:
+    span_name: ClassVar[str] = "memory.scope"  # its span in a request trace
+
     config: MemoryConfig
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:

@@ -6,7 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.ports import Headers, JSONObject
+from gateway.ports import Headers, JSONObject, Trace
+from gateway.tracing import NULL_TRACE
 
 OutcomeStatus = Literal["complete", "partial", "failed"]
 
@@ -85,6 +86,7 @@ class ChatCall:
     headers: Headers
     started: float
     state: CallState = field(default_factory=CallState)
+    trace: Trace = NULL_TRACE  # the request's spans (no-op unless tracing is configured)
 
     @property
     def stream(self) -> bool:

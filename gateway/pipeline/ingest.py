@@ -13,6 +13,7 @@ rest of the path from the store.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from gateway.config import IdentityConfig
 from gateway.errors import ConversationDeleted
@@ -22,6 +23,7 @@ from gateway.pipeline.history_memo import HistoryMemo, Seen
 from gateway.pipeline.identify import Identity, explicit_identity
 from gateway.ports import ChatPayload, JSONObject, MessageStore, Tokenizer, Tokenizers
 from gateway.records import AppendRequest, NewMessage, StoredNode
+from gateway.tracing import spanned
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 TAIL = 32  # hashes asked about first: covers the usual "history + one new turn" in one query
@@ -54,6 +56,8 @@ def _deepest(hashes: list[str], nodes: dict[str, StoredNode], start: int = 0) ->
 
 @dataclass(slots=True)
 class IngestStep:
+    span_name: ClassVar[str] = "ingest"  # its span in a request trace
+
     store: MessageStore
     tokenizers: Tokenizers
     identity: IdentityConfig
@@ -84,21 +88,23 @@ class IngestStep:
         system, chain = messages[:leading], messages[leading:]
         state.items = [HistoryItem(m, tokenizer.count_message(m)) for m in system]
         state.history_tokens = sum(item.tokens or 0 for item in state.items)
-        root = chain_root(call.tenant, ident.conversation_id, ident.user_id)
-        key, seen, shared = self._recall(root, chain)
-        hashes = list(seen.hashes[:shared]) if seen is not None else []
-        start = bytes.fromhex(hashes[-1]) if hashes else root
-        hashes += [h.hex() for h in chain_hashes(start, chain[shared:])]
+        with spanned(call.trace, "identify") as span:
+            root = chain_root(call.tenant, ident.conversation_id, ident.user_id)
+            key, seen, shared = self._recall(root, chain)
+            hashes = list(seen.hashes[:shared]) if seen is not None else []
+            start = bytes.fromhex(hashes[-1]) if hashes else root
+            hashes += [h.hex() for h in chain_hashes(start, chain[shared:])]
 
-        tail = max(len(hashes) - TAIL, 0)
-        lookup = await self.store.lookup(call.tenant, hashes[tail:], ident.conversation_id)
-        nodes = dict(lookup.nodes)
-        deepest = _deepest(hashes, nodes, tail)
-        if deepest < 0 and tail > 0:
-            # Diverged further back (an old message edited) or a long history seen for the first time.
-            nodes.update((await self.store.lookup(call.tenant, hashes[:tail], None)).nodes)
-            deepest = _deepest(hashes, nodes)
-        conversation_id = lookup.conversation.id if lookup.conversation is not None else None
+            tail = max(len(hashes) - TAIL, 0)
+            lookup = await self.store.lookup(call.tenant, hashes[tail:], ident.conversation_id)
+            nodes = dict(lookup.nodes)
+            deepest = _deepest(hashes, nodes, tail)
+            if deepest < 0 and tail > 0:
+                # Diverged further back (an old message edited) or a long history seen for the first time.
+                nodes.update((await self.store.lookup(call.tenant, hashes[:tail], None)).nodes)
+                deepest = _deepest(hashes, nodes)
+            conversation_id = lookup.conversation.id if lookup.conversation is not None else None
+            span.set({"gateway.messages": len(chain), "gateway.messages.known": deepest + 1})
 
         # Thin mode: the client named a stored conversation (or a branch point) and sent only new turns.
         # A client that sends assistant turns sends its history: a miss then means an edited first

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import ClassVar
 
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.canonical import chain_hashes
@@ -27,6 +28,8 @@ from gateway.records import (
 
 @dataclass(slots=True)
 class PersistStep:
+    span_name: ClassVar[str] = "persist"  # its span in a request trace
+
     store: MessageStore
     tokenizers: Tokenizers
     compaction: CompactionPolicy | None = None

@@ -14,6 +14,7 @@ from typing import Protocol
 from gateway.metrics import Counters
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.ports import ChatPayload
+from gateway.tracing import spanned
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ class ChatPipeline:
         payload = original
         for step in self._prepare:
             try:
-                payload = await step(call, payload)
+                with spanned(call.trace, _span_name(step)):
+                    payload = await step(call, payload)
             # Fail open by design (design.md §2): memory failing must never fail the user's request.
             except Exception:
                 self._counters.fail_open += 1
@@ -53,7 +55,14 @@ class ChatPipeline:
     async def complete(self, call: ChatCall, outcome: ChatOutcome) -> None:
         for step in self._complete:
             try:
-                await step(call, outcome)
+                with spanned(call.trace, _span_name(step)):
+                    await step(call, outcome)
             except Exception:
                 self._counters.complete_errors += 1
                 log.exception("complete step %r failed for request %s", step, call.request_id)
+
+
+def _span_name(step: object) -> str:
+    """A step's span: its `span_name` (identify, ingest, build, persist...), else its class's name."""
+    name = getattr(step, "span_name", None)
+    return name if isinstance(name, str) else type(step).__name__

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import orjson
 
@@ -21,6 +22,7 @@ from gateway.pipeline.context.exchanges import split_current, trim_current
 from gateway.pipeline.context.section import BuildInput, Proposal, Section
 from gateway.pipeline.context.window import RecentWindow, newest_exchanges_tokens
 from gateway.ports import JSON, ChatPayload, JSONObject, ModelCatalog, Tokenizer, Tokenizers
+from gateway.tracing import spanned
 
 REPLY_PRIMING_TOKENS = 3
 WINDOW_FLOOR = 0.25
@@ -29,6 +31,8 @@ INJECTED_HEADER = "The gateway added the following context from earlier in this 
 
 @dataclass(slots=True)
 class ContextBuilder:
+    span_name: ClassVar[str] = "build"  # its span in a request trace
+
     config: ContextConfig
     tokenizers: Tokenizers
     catalog: ModelCatalog
@@ -208,9 +212,11 @@ class ContextBuilder:
                 share = max(share, min(want, spare // 2))
             allowance = max(min(share + carry, spare), 0)
             started = time.perf_counter()
-            proposal = await section.propose(build, allowance)
+            with spanned(build.call.trace, f"build.{section.name}") as span:
+                proposal = await section.propose(build, allowance)
+                used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
+                span.set({"gateway.section.allowance": allowance, "gateway.section.tokens": used})
             seconds = plan_seconds + time.perf_counter() - started
-            used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
             # Every section reports, even one that proposed nothing (its detail says why), and its time.
             reported[section.name] = {
                 "tokens": used,

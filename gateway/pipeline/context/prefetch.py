@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from gateway.pipeline.call import ChatCall, QuestionVector
 from gateway.pipeline.identify import explicit_identity
@@ -22,6 +23,8 @@ from gateway.ports import ChatPayload, Embedder, JSONObject
 
 @dataclass(slots=True)
 class QuestionPrefetch:
+    span_name: ClassVar[str] = "prefetch"  # its span in a request trace
+
     embedder: Embedder
     budget_tokens: int  # the tenant's input budget: the model's window can only lower it
     # Says whether memory will be searched for this call even if its history fits (then the question
