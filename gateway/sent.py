@@ -45,3 +45,31 @@ def sent_messages(
             block = {"kind": "forgotten", "role": "system", "tokens": None, "text": ""}
         rows.insert(min(at, len(rows)), block)
     return rows
+
+
+def retrieved_groups(report: JSONObject, path: list[StoredMessage]) -> list[dict[str, object]]:
+    """The retrieval section's groups of this conversation, as the request page lists them: depth range,
+    score, the day of their first message (None: undated, history that arrived at once) and each
+    message's role and text."""
+    sections = report.get("sections")
+    retrieval = sections.get("retrieval") if isinstance(sections, dict) else None
+    groups = retrieval.get("groups") if isinstance(retrieval, dict) else None
+    rows: list[dict[str, object]] = []
+    for group in groups if isinstance(groups, list) else []:
+        if not isinstance(group, dict):
+            continue
+        start, end = group.get("from"), group.get("to")
+        if not isinstance(start, int) or not isinstance(end, int):
+            continue
+        messages = [m for m in path[start : end + 1] if start <= m.node.depth <= end]
+        first = messages[0] if messages else None
+        rows.append(
+            {
+                "from": start,
+                "to": end,
+                "score": group.get("score"),
+                "day": None if first is None or first.meta.get("undated") else first.created_at,
+                "messages": [(m.node.role, shown_text(m.data)) for m in messages],
+            }
+        )
+    return rows

@@ -3,6 +3,7 @@ official SDK filled. Screenshots go to the test's tmp dir."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -134,6 +135,9 @@ def test_a_tenant_signs_in_walks_the_tree_and_reads_a_requests_context(
     # The overview lists the tenant's requests; the phone width still shows the tables.
     page.set_viewport_size({"width": 390, "height": 800})
     page.click("header nav a >> text=overview")
+    assert int(page.text_content("#chat-requests") or 0) >= 3  # the fixture's three requests, at least
+    assert float((page.text_content("#overhead") or "").split()[0]) > 0
+    assert page.text_content("#failed") == "0"
     assert page.locator(f"a[href='/dashboard/requests/{ids['request']}']").count() == 1
     page.screenshot(path=str(tmp_path / "overview-phone.png"), full_page=True)
     context.close()
@@ -207,6 +211,27 @@ def test_a_users_memories_are_listed_edited_and_deleted(
         api(gateway, f"/memories/{postgres['id']}")["content"] == "Our billing service runs on Postgres 17."
     )
     page.screenshot(path=str(tmp_path / "memories.png"), full_page=True)
+
+    # A request that used them lists each injected memory with why it was chosen.
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "Which Postgres version runs our billing?"}]
+    )
+    recorded(gateway, raw.headers["x-gateway-request-id"])
+    page.goto(f"{gateway.server.url}/dashboard/requests/{raw.headers['x-gateway-request-id']}")
+    injected = page.locator("#injected-memories tbody tr").all_text_contents()
+    assert any("Postgres 17" in row for row in injected), injected
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    assert len(injected) == len(report["sections"]["memory"]["memory_ids"])
+
+    # Export from the page: the memory API's document, as a download.
+    page.goto(f"{gateway.server.url}/dashboard/users/ana/memories")
+    with page.expect_download() as download:
+        page.click("#export")
+    exported = json.loads(Path(download.value.path()).read_text())
+    assert exported["object"] == "memories.export" and exported["user_id"] == "ana"
+    assert sorted(m["content"] for m in exported["memories"]) == sorted(
+        m["content"] for m in api(gateway, "/users/ana/memories")["data"]
+    )
 
     vegetarian = next(m for m in stored if "vegetarian" in m["content"])
     page.locator(f"#memory-{vegetarian['id']}").locator("form.delete button").click()

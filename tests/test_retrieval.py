@@ -628,6 +628,15 @@ def test_a_group_spanning_two_days_shows_each_messages_own_day(
     rebuilt = [by_id[i] for i in layout["ids"]]
     rebuilt.insert(layout["context_at"], record["sent_context"])
     assert rebuilt == upstream.fake.last_chat().body["messages"]
+    # The dashboard's request page lists the retrieved group: its messages, score and first day.
+    page = httpx.get(
+        f"{gateway.server.url}/dashboard/requests/{record['id']}",
+        headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+    ).text
+    groups = page[
+        page.index('<table id="groups">') : page.index("</table>", page.index('<table id="groups">'))
+    ]
+    assert "TP-8841" in groups and "2026-03-02" in groups, groups
     # The hit's group starts with the answer before it, from 2 March, then the hit, from 3 March: the
     # group is labelled with its first message's day and the day changes inside it on a line of its own.
     hit = block.index("user: The flight code for the Lisbon trip is TP-8841.")

@@ -9,6 +9,7 @@ the key as a bearer token). Forms that change anything carry a CSRF token tied t
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Awaitable, Callable
 from typing import get_args
 from urllib.parse import quote, urlencode
@@ -30,7 +31,7 @@ from gateway.inbound.chat_form import calls_of, text_of
 from gateway.memory.records import USER_SCOPE, Memory, MemoryFilter
 from gateway.memory.service import MemoryService
 from gateway.records import StoredMessage
-from gateway.sent import sent_messages
+from gateway.sent import retrieved_groups, sent_messages
 from gateway.tenants import Tenant
 from gateway.wiring import Deps
 
@@ -47,6 +48,32 @@ def _preview(message: StoredMessage) -> str:
     if calls:
         text = (text + " " if text else "") + "→ " + ", ".join(calls)
     return text if len(text) <= PREVIEW else text[: PREVIEW - 1] + "…"
+
+
+async def _injected_memories(deps: Deps, tenant: str, detail: object) -> list[dict[str, object]]:
+    """The memories a request's memory section sent, with why (standing, or relevant: score, similarity,
+    reason) and their text as it is now (None: deleted since)."""
+    if not isinstance(detail, dict):
+        return []
+    standing = [i for i in detail.get("standing") or [] if isinstance(i, str)]
+    relevant = [
+        r for r in detail.get("relevant") or [] if isinstance(r, dict) and isinstance(r.get("id"), str)
+    ]
+    ids = [*standing, *(str(r["id"]) for r in relevant)]
+    if not ids or deps.memories is None:
+        return []
+    now = {m.id: m for m in await deps.memories.many(tenant, ids)}
+    rows: list[dict[str, object]] = [
+        {"id": i, "why": "standing preference or fact", "score": None, "similarity": None} for i in standing
+    ]
+    rows += [
+        {"id": r["id"], "why": r.get("why"), "score": r.get("score"), "similarity": r.get("similarity")}
+        for r in relevant
+    ]
+    for row in rows:
+        found = now.get(str(row["id"]))
+        row["content"] = found.content if found is not None else None
+    return rows
 
 
 def _tree(messages: list[StoredMessage], leaf: str | None) -> list[dict[str, object]]:
@@ -212,6 +239,8 @@ class Dashboard:
             jobs=jobs,
             original=original,
             sent=sent,
+            failed=sum(1 for r in requests if r.status != "complete"),
+            overhead_ms=deps.metrics.overhead_mean_ms(),
             counters=deps.counters.snapshot(),
         )
 
@@ -297,6 +326,10 @@ class Dashboard:
             bar=bar(report) if report else None,
             sections=sections,
             sent=sent_messages(report, path, record.sent_context),
+            groups=retrieved_groups(report, path),
+            memories=await _injected_memories(
+                deps, tenant.name, sections.get("memory") if isinstance(sections, dict) else None
+            ),
             report_json=orjson.dumps(report, option=orjson.OPT_INDENT_2).decode(),
         )
 
@@ -379,6 +412,26 @@ class Dashboard:
             notice=request.query_params.get("done", ""),
         )
 
+    async def export_memories(self, request: Request, tenant: Tenant) -> Response:
+        """The user's memories as the memory API exports them (what import takes back), as a download."""
+        deps: Deps = request.state.deps
+        service = deps.memory_service(tenant.name)
+        if service is None:
+            return self.render(
+                request, "error.html", 404, tenant=tenant.name, message="This tenant has no long-term memory."
+            )
+        user = request.path_params["user"]
+        document = await service.export(tenant.name, user)
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", user)[:60] or "user"
+        return Response(
+            orjson.dumps(document, option=orjson.OPT_INDENT_2),
+            media_type="application/json",
+            headers={
+                "content-disposition": f'attachment; filename="memories-{name}.json"',
+                "cache-control": "no-store",
+            },
+        )
+
     async def _changed_memory(
         self, request: Request, tenant: Tenant
     ) -> tuple[MemoryService, Memory] | Response:
@@ -447,6 +500,7 @@ def dashboard_routes(secret: str | None, admin_key: str | None = None) -> list[B
         Route("/dashboard/jobs/{job_id}/retry", board.page(board.retry_job), methods=["POST"]),
         Route("/dashboard/memories", board.page(board.memories), methods=["GET"]),
         Route("/dashboard/users/{user}/memories", board.page(board.memories), methods=["GET"]),
+        Route("/dashboard/users/{user}/memories/export", board.page(board.export_memories), methods=["GET"]),
         Route("/dashboard/memories/{memory_id}/edit", board.page(board.edit_memory), methods=["POST"]),
         Route("/dashboard/memories/{memory_id}/delete", board.page(board.delete_memory), methods=["POST"]),
         Mount("/dashboard/static", StaticFiles(packages=[("gateway.dashboard", "static")]), name="static"),
