@@ -155,6 +155,11 @@ def run_demo(turns: int, echo: Callable[[str], None], *, keep: bool = False) -> 
                         time.sleep(3600)
                 except KeyboardInterrupt:
                     pass
+            else:
+                echo(
+                    "\n`context-gateway demo --keep` leaves this gateway running: open its /dashboard to see "
+                    "each request's context as a bar, the conversation tree, the summaries and the memories."
+                )
     echo(
         "\nDone. Point any OpenAI SDK at the gateway: OpenAI(base_url='http://HOST:PORT/v1', api_key=GATEWAY_KEY)"
     )
