@@ -46,6 +46,16 @@ def test_exact_terms_are_identifiers_numbers_and_quotes() -> None:
     terms = exact_terms('Why did parse_config.py raise E1234 on port 8443 after "the big refactor"?')
     assert {"parse_config.py", "e1234", "8443", "the big refactor"} <= set(terms)
     assert "why" not in terms and "port" not in terms
+    assert "the old cache" in exact_terms("What did 'the old cache' do?")
+    assert "the old cache" in exact_terms("What did \u2018the old cache\u2019 do?")
+
+
+def test_apostrophes_are_no_quotes() -> None:
+    """Between the apostrophes of "I'm ... I'm" lies no quoted term (it was one, and the hop searched it)."""
+    text = "Hi! I'm planning a trip to Lisbon in May. I'm vegetarian and we'd rather not fly early."
+    assert exact_terms(text) == ()
+    assert named_terms(text) == ("lisbon",)
+    assert exact_terms("the users' 'export job' failed") == ("export job",)
 
 
 def test_names_and_reasons() -> None:

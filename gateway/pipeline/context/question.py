@@ -54,7 +54,9 @@ _PAST = re.compile(
 )
 # Identifier-like terms searched verbatim: with a digit, dot, underscore, slash or inner capital, or quoted.
 _TERM = re.compile(r"[A-Za-z0-9_./:-]*(?:\d|[._/]\w|[a-z][A-Z])[A-Za-z0-9_./:-]*")
-_QUOTED = re.compile(r"[\"“'`]([^\"”'`]{3,80})[\"”'`]")
+# Double quotes and backticks anywhere; a single quote only where no letter touches it on the outside
+# (the apostrophes of "I'm ... I'm" are no quotes).
+_QUOTED = re.compile(r"[\"“`]([^\"”`]{3,80})[\"”`]|(?<!\w)['\u2018]([^'\u2018\u2019]{3,80})['\u2019](?!\w)")
 
 
 # A CJK letter does not end an English identifier ("parse_config.py里的" names the file).
@@ -174,7 +176,7 @@ def analyse(question: str, now: datetime) -> QuestionFacts:
 
 
 def exact_terms(question: str) -> tuple[str, ...]:
-    terms = [m.group(1).strip() for m in _QUOTED.finditer(question)]
+    terms = [(m.group(1) or m.group(2)).strip() for m in _QUOTED.finditer(question)]
     terms += [m.group(0).strip(".,:;/-") for m in _TERM.finditer(question)]
     terms += [m.group(0) for m in _KEBAB.finditer(question)]
     seen: dict[str, None] = {}
