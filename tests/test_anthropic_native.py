@@ -12,6 +12,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import orjson
 import pytest
 
 from gateway.fakes.anthropic_upstream import THINKING_SIGNATURE, FakeAnthropic, Reply, ToolUse
@@ -217,3 +218,44 @@ def test_provider_errors_and_count_tokens_are_the_providers_own(
     assert counted.parse().input_tokens > 0
     assert "x-gateway-token-count" not in counted.headers  # the provider counted, not the gateway
     assert fake.last().path == "/v1/messages/count_tokens"
+
+
+def test_the_memory_tool_is_not_offered_where_the_gateway_cannot_answer_it(
+    claude: tuple[FakeAnthropic, BackgroundServer], make_gateway: Callable[..., Gateway]
+) -> None:
+    """Agentic recall answers the model's calls on chat-completions upstreams only: a native Anthropic
+    request neither carries memory_search nor spends its budget on the tool's definition (it did: the
+    window was cut to make room for a tool that was then not sent)."""
+    fake, server = claude
+    native = {
+        "provider": "anthropic",
+        "api_key": "sk-ant-tenant",
+        "context": {"budget_tokens": 300},
+        "compaction": {"enabled": False},  # no background calls to the fake in between
+        "retrieval": {"enabled": False},
+    }
+    agentic = {"enabled": True, "agentic": True, "extraction": False}
+    gateway = make_gateway(
+        [
+            tenant("agentic", server.url, api_keys=[GATEWAY_KEY], memory=agentic, **native),
+            tenant("plain", server.url, api_keys=["sk-gw-plain"], **native),
+        ]
+    )
+    history: list[dict[str, str]] = []
+    for n in range(12):
+        history += [
+            {"role": "user", "content": f"long remark {n} " * 10},
+            {"role": "assistant", "content": f"ok {n}"},
+        ]
+    history.append({"role": "user", "content": "Hi there"})
+    body = orjson.dumps({"model": "claude-fake", "max_tokens": 64, "messages": history})
+    sent = []
+    for key in (GATEWAY_KEY, "sk-gw-plain"):
+        headers = {"x-api-key": key, "anthropic-version": "2023-06-01", "x-user-id": "ana"}
+        response = httpx.post(f"{gateway.server.url}/v1/messages", content=body, headers=headers)
+        assert response.status_code == 200, response.text
+        recorded(gateway, response.headers["x-gateway-request-id"], key)
+        record = api(gateway, f"/requests/{response.headers['x-gateway-request-id']}", key)
+        sent.append((orjson.loads(fake.last().raw)["messages"], record["report"]["original_tokens"]))
+    assert "memory_search" not in str(sent[0][0])
+    assert sent[0] == sent[1]  # the same history kept, the same tokens counted, as without memory

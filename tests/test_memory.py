@@ -586,7 +586,7 @@ def test_agentic_recall_leaves_the_clients_own_tools_and_streams_alone(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi there"}], stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert "tools" not in upstream.fake.last_chat().body  # streamed: passive memory only, for now
+    assert [t["function"]["name"] for t in upstream.fake.last_chat().body["tools"]] == ["memory_search"]  # type: ignore[index, union-attr]
 
 
 def test_agentic_recall_stops_after_its_rounds(
@@ -807,3 +807,81 @@ def test_the_block_sent_is_kept_with_the_request_until_what_it_held_is_deleted(
     gone = httpx.delete(f"{base}/conversations/{first.headers['x-conversation-id']}", headers=auth)
     assert gone.status_code == 200, gone.text
     assert record(third)["sent_context"] is None
+
+
+def test_agentic_recall_inside_a_stream_gives_the_client_one_clean_stream(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, memory=AGENTIC)], jobs=JOBS)
+    ask(gateway, "Our billing service runs on Postgres 17.")
+    wait_for_jobs(gateway)
+    search = ToolCall("memory_search", '{"query": "billing database"}', "call_m1")
+    upstream.fake.enqueue(
+        Reply(content="Let me check. ", tool_calls=(search,)),
+        Reply(content="Your billing service runs on Postgres 17."),
+    )
+    client = gateway.client(default_headers={"X-User-Id": "ana"})
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini",
+        messages=[{"role": "user", "content": "Remind me: what is behind billing?"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(raw.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Let me check. Your billing service runs on Postgres 17."
+    assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)  # ours never shown
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    first, second = upstream.fake.chat_requests()[-2:]
+    assert "memory_search" in str(first.body["tools"]) and first.body["stream"] is True
+    assert second.body["messages"][-1]["role"] == "tool"  # type: ignore[index]
+    assert "Postgres 17" in second.body["messages"][-1]["content"]  # type: ignore[index]
+    assert second.body["stream"] is True
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices  # one usage chunk, last, both rounds summed
+    assert usage.prompt_tokens > len(json.dumps(second.body["messages"])) // 4
+    # What is stored is what the client saw (the tool round trip is not the user's conversation).
+    recorded(gateway, raw.headers["x-gateway-request-id"])
+    stored = httpx.get(
+        f"{gateway.server.url}/api/conversations/{raw.headers['x-conversation-id']}/messages",
+        headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
+    ).json()["data"]
+    assert [m["message"]["role"] for m in stored] == ["user", "assistant"]
+    assert stored[-1]["message"]["content"] == text
+
+    # The SDK's own stream helper assembles it into a valid completion.
+    upstream.fake.enqueue(Reply(content=None, tool_calls=(search,)), Reply(content="Postgres 17."))
+    with client.chat.completions.stream(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "And billing runs on?"}]
+    ) as helper:
+        final = helper.get_final_completion()
+    assert final.choices[0].message.content == "Postgres 17." and not final.choices[0].message.tool_calls
+
+
+def test_a_streamed_message_with_the_clients_own_call_beside_ours_gives_the_client_its_call(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, memory=AGENTIC)], jobs=JOBS)
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    upstream.fake.enqueue(
+        Reply(
+            content=None,
+            tool_calls=(
+                ToolCall("memory_search", '{"query": "home town"}', "call_m1"),
+                ToolCall("get_weather", '{"city": "Lisbon"}', "call_w1"),
+            ),
+        )
+    )
+    client = gateway.client(default_headers={"X-User-Id": "ana"})
+    before = len(upstream.fake.chat_requests())
+    with client.chat.completions.stream(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "Weather at home?"}], tools=[weather]
+    ) as helper:
+        final = helper.get_final_completion()
+    calls = final.choices[0].message.tool_calls or []
+    assert [(c.function.name, c.function.arguments, c.id) for c in calls] == [  # type: ignore[union-attr]
+        ("get_weather", '{"city": "Lisbon"}', "call_w1")
+    ]
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert len(upstream.fake.chat_requests()) == before + 1  # the client answers its call: no second round

@@ -21,10 +21,12 @@ from gateway.errors import GatewayError, PayloadTooLarge, UpstreamError
 from gateway.http.doors import Door, MessagesDoor
 from gateway.http.headers import to_client, to_upstream
 from gateway.http.streaming import RelayResponse
+from gateway.memory.agentic import ToolLoop
 from gateway.memory.scope import incognito
+from gateway.memory.tool_stream import ToolStream
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.forward import buffered_outcome
-from gateway.ports import ChatPayload, JSONObject, Span, TraceValue
+from gateway.ports import ChatPayload, JSONObject, Span, TraceValue, UpstreamResponse
 from gateway.telemetry.logs import log_request, logging_requests
 from gateway.tenants import Caller, Tenant
 from gateway.wiring import Deps
@@ -152,6 +154,7 @@ async def _exchange(
         raw=parsed.raw,
         headers=door.upstream_headers(to_upstream(request.scope["headers"], chat=True)),
         started=request.scope["started"],
+        answers_tools=door.answers_tools,
     )
     tenant = caller.tenant
     call.trace = deps.tracer.trace(f"POST {door.route}", _request_attributes(call, door.route))
@@ -188,6 +191,9 @@ async def _exchange(
         await door.stored(call, outcome)
 
     if call.stream and response.status == 200 and content_type.startswith("text/event-stream"):
+        loop = deps.tool_loop(tenant.name) if call.state.memory_tool and door.answers_tools else None
+        if loop is not None:  # the model's memory_search calls are answered inside the stream
+            response = _answering_tools(loop, call, door, response, tenant, caller.client_key)
         relay = door.relay(response, persist_first if early else None)
         overhead = overhead_header(request, waited)
         headers = [
@@ -252,6 +258,18 @@ async def _exchange(
     reply = Response(body, status_code=status, background=done)
     reply.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
     return reply
+
+
+def _answering_tools(
+    loop: ToolLoop, call: ChatCall, door: Door, first: UpstreamResponse, tenant: Tenant, key: str | None
+) -> UpstreamResponse:
+    """The upstream stream with the gateway's own tool calls answered on the way (ToolStream)."""
+
+    async def post(again: JSONObject) -> UpstreamResponse:
+        return await door.send_again(tenant, call, again, key)
+
+    stream = ToolStream(loop.service, loop.rounds, call, door.sent, post)
+    return UpstreamResponse(first.status, first.headers, stream.frames(first), stream.close, first.extra)
 
 
 def _request_attributes(call: ChatCall, route: str) -> dict[str, TraceValue]:

@@ -4,7 +4,8 @@ gateway adds to the request and answers on its own.
 `OfferMemoryTool` (a prepare step) adds the tool when the tenant enables it and the call has memory,
 unless the client forces a tool of its own or already has one of that name. `ToolLoop` (run by the
 edge on the upstream's non-streamed answer) answers the model's calls of the tool, asks again with the
-results, and hands the client one ordinary answer with the usage of every round summed. A client's own
+results, and hands the client one ordinary answer with the usage of every round summed; on a stream,
+`tool_stream.ToolStream` does the same while the stream goes on. A client's own
 tool calls go back to the client as they are (the gateway's own, made in the same message, are
 dropped: the client could not answer them).
 """
@@ -73,7 +74,7 @@ class OfferMemoryTool:
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
         body = payload.data
-        if not self.config.agentic or call.state.memory is None or call.stream:
+        if not self.config.agentic or call.state.memory is None or not call.answers_tools:
             return payload
         choice = body.get("tool_choice")
         if choice == "none" or isinstance(choice, dict) or TOOL_NAME in _names(body.get("tools")):
@@ -164,12 +165,12 @@ class ToolLoop:
                 messages.append({"role": "tool", "tool_call_id": tool_call.get("id"), "content": result})
             again: JSONObject = {**request, "messages": messages}
             if round_number + 1 >= self.rounds:  # the last round: an answer, not another search
-                again = _without_tool(again)
+                again = without_tool(again)
             status, body = await post(again)
         return status, body
 
 
-def _without_tool(request: JSONObject) -> JSONObject:
+def without_tool(request: JSONObject) -> JSONObject:
     tools = [t for t in request.get("tools") or [] if TOOL_NAME not in _names([t])]  # type: ignore[union-attr]
     out = {k: v for k, v in request.items() if k not in ("tools", "tool_choice")}
     if tools:
@@ -179,13 +180,18 @@ def _without_tool(request: JSONObject) -> JSONObject:
     return out
 
 
+def summed_usage(usage: list[JSONObject]) -> JSONObject:
+    """The token counts of every round, added up (what the client pays for)."""
+    summed: dict[str, int] = {}
+    for part in usage:
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            value = part.get(key)
+            if isinstance(value, int):
+                summed[key] = summed.get(key, 0) + value
+    return dict[str, JSON](summed)
+
+
 def _with_usage(data: JSONObject, usage: list[JSONObject]) -> bytes:
     if len(usage) > 1:  # every round the client did not see is in what it pays for
-        summed: dict[str, int] = {}
-        for part in usage:
-            for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-                value = part.get(key)
-                if isinstance(value, int):
-                    summed[key] = summed.get(key, 0) + value
-        data["usage"] = dict[str, JSON](summed)
+        data["usage"] = summed_usage(usage)
     return orjson.dumps(data)

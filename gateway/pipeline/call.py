@@ -87,6 +87,9 @@ class ChatCall:
     started: float
     state: CallState = field(default_factory=CallState)
     trace: Trace = NULL_TRACE  # the request's spans (no-op unless tracing is configured)
+    # The edge can answer the gateway's own tool calls on this request's way (a chat-completions
+    # upstream); False on the native doors, where the memory tool is then not offered.
+    answers_tools: bool = True
 
     @property
     def stream(self) -> bool:
