@@ -39,6 +39,17 @@ def sql(database_url: str) -> Iterator[SqlStore]:
 
 @pytest.fixture
 def store(sql: SqlStore) -> SqlMemoryStore:
+    """The memory store over a database holding the conversations c1..c9 the tests' sources name (a
+    source in a conversation that is not there is dropped: learnt from a deleted conversation)."""
+    with sql.engine.begin() as connection:
+        for n in range(1, 10):
+            connection.execute(
+                text(
+                    "INSERT INTO conversations (id, tenant, message_count, created_at, updated_at) "
+                    "VALUES (:id, 'acme', 0, :now, :now)"
+                ),
+                {"id": conv(f"c{n}"), "now": T0},
+            )
     return SqlMemoryStore(sql.engine)
 
 
@@ -333,13 +344,9 @@ def test_delete_user_leaves_nothing_of_the_user(sql: SqlStore, store: SqlMemoryS
         await store.save(
             MemoryChanges("acme", sources=((confirmed.id, source("c2")),), cursor=(conv("c2"), "n" * 32))
         )
-        with sql.engine.begin() as connection:
+        with sql.engine.begin() as connection:  # c3 is hers
             connection.execute(
-                text(
-                    "INSERT INTO conversations (id, tenant, user_id, message_count, created_at, updated_at) "
-                    "VALUES (:id, 'acme', 'u1', 0, :now, :now)"
-                ),
-                {"id": conv("c3"), "now": T0},
+                text("UPDATE conversations SET user_id = 'u1' WHERE id = :id"), {"id": conv("c3")}
             )
         await store.save(MemoryChanges("acme", cursor=(conv("c3"), "n" * 32)))
         # And one written with a memory of hers learnt without a source there.
@@ -431,6 +438,15 @@ def test_memory_migrations_apply_over_a_database_at_0003(
         assert {"memories", "memory_sources", "memory_cursors", "memory_profiles"} <= tables
         assert migrations.migrate(engine) == []
 
+        with engine.begin() as connection:  # the conversation its source names
+            connection.execute(
+                text(
+                    "INSERT INTO conversations (id, tenant, message_count, created_at, updated_at) "
+                    "VALUES (:id, 'acme', 0, :now, :now)"
+                ),
+                {"id": conv("c1"), "now": T0},
+            )
+
         async def scenario() -> None:
             store = SqlMemoryStore(engine)
             mem = memory("Ana prefers tea.", sources=(source("c1"),))
@@ -497,5 +513,38 @@ def test_profile_keeps_the_job_text_and_the_users_edit_apart(store: SqlMemorySto
         assert await store.profile("globex", "u1") is None and await store.profile("acme", "u2") is None
         await store.delete_user("acme", "u1")
         assert await store.profile("acme", "u1") is None
+
+    asyncio.run(scenario())
+
+
+def test_what_was_learnt_from_a_conversation_deleted_meanwhile_is_not_kept(
+    sql: SqlStore, store: SqlMemoryStore
+) -> None:
+    """An extraction job read the turns, then the conversation was deleted (the user deleted it, or
+    themselves) before the job saved: nothing learnt only from it is stored, no link into it is made,
+    and its cursor does not move; what holds a source elsewhere too is kept, linked there only."""
+
+    async def scenario() -> None:
+        kept = memory("Ana keeps bees.", sources=(source("c2"),))
+        await store.save(MemoryChanges("acme", added=(kept,)))
+        with sql.engine.begin() as connection:  # the delete lands between the job's read and its write
+            connection.execute(text("DELETE FROM conversations WHERE id = :id"), {"id": conv("c1")})
+        only_there = memory("Ana is allergic to nuts.", sources=(source("c1"),))
+        both = memory("Ana lives in Porto.", sources=(source("c1"), source("c3")))
+        await store.save(
+            MemoryChanges(
+                "acme",
+                added=(only_there, both),
+                sources=((kept.id, source("c1")),),
+                cursor=(conv("c1"), "n" * 32),
+            )
+        )
+        assert await store.get("acme", only_there.id) is None
+        found = await store.get("acme", both.id)
+        assert found is not None and [s.conversation_id for s in found.sources] == [conv("c3")]
+        linked = await store.get("acme", kept.id)
+        assert linked is not None and [s.conversation_id for s in linked.sources] == [conv("c2")]
+        assert count(sql.engine, "memory_sources", "conversation_id = :c", c=conv("c1")) == 0
+        assert await store.cursor("acme", conv("c1")) is None
 
     asyncio.run(scenario())

@@ -29,6 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import SQLModel
 
 from gateway.adapters.sql.tables import (
+    ConversationRow,
     MemoryCursorRow,
     MemoryProfileRow,
     MemoryRecordRow,
@@ -44,6 +45,7 @@ _MEMORIES = SQLModel.metadata.tables[str(MemoryRecordRow.__tablename__)]
 _SOURCES = SQLModel.metadata.tables[str(MemorySourceRow.__tablename__)]
 _CURSORS = SQLModel.metadata.tables[str(MemoryCursorRow.__tablename__)]
 _PROFILES = SQLModel.metadata.tables[str(MemoryProfileRow.__tablename__)]
+_CONVERSATIONS = SQLModel.metadata.tables[str(ConversationRow.__tablename__)]
 # Newest first; the id breaks ties so pages never overlap or skip.
 _NEWEST_FIRST = (_MEMORIES.c.updated_at.desc(), _MEMORIES.c.id.desc())
 
@@ -162,19 +164,37 @@ class SqlMemoryStore:
 
     def _save(self, changes: MemoryChanges) -> None:
         tenant = changes.tenant
-        links = [
-            (memory.id, source) for memory in (*changes.added, *changes.updated) for source in memory.sources
-        ]
         with self.engine.begin() as connection:
-            if changes.added:  # an id already stored fails the whole write
-                connection.execute(insert(_MEMORIES), [_columns(memory) for memory in changes.added])
+            # Learnt from conversations deleted since the job read them: nothing of those is kept. A new
+            # memory all of whose sources are gone is not added; links into them are not made; their
+            # cursors do not move (the delete holds the rows as this does, so one of the two waits).
+            sources = [s for m in (*changes.added, *changes.updated) for s in m.sources]
+            sources += [s for _, s in changes.sources]
+            named = {s.conversation_id for s in sources if s.conversation_id is not None}
+            if changes.cursor is not None:
+                named.add(changes.cursor[0])
+            gone = named - _hold_conversations(connection, named)
+            added = [
+                m
+                for m in changes.added
+                if not m.sources or any(s.conversation_id not in gone for s in m.sources)
+            ]
+            links = [
+                (memory.id, source)
+                for memory in (*added, *changes.updated)
+                for source in memory.sources
+                if source.conversation_id not in gone
+            ]
+            if added:  # an id already stored fails the whole write
+                connection.execute(insert(_MEMORIES), [_columns(memory) for memory in added])
             for memory in changes.updated:
                 whole = update(_MEMORIES).where(_MEMORIES.c.id == memory.id, _MEMORIES.c.tenant == tenant)
                 if connection.execute(whole.values(_columns(memory))).rowcount != 1:
                     raise StoreError(f"memory {memory.id} to update is not stored (deleted meanwhile?)")
-            written = {memory.id for memory in (*changes.added, *changes.updated)}
-            _lock_existing(connection, tenant, {mid for mid, _ in changes.sources} - written)
-            links.extend(changes.sources)
+            written = {memory.id for memory in (*added, *changes.updated)}
+            extra = [(mid, s) for mid, s in changes.sources if s.conversation_id not in gone]
+            _lock_existing(connection, tenant, {mid for mid, _ in extra} - written)
+            links.extend(extra)
             rows = {
                 (mid, source.message_id): {
                     "memory_id": mid,
@@ -186,7 +206,7 @@ class SqlMemoryStore:
             }
             if rows:
                 connection.execute(self._link, list(rows.values()))
-            if changes.cursor is not None:
+            if changes.cursor is not None and changes.cursor[0] not in gone:
                 conversation_id, node_id = changes.cursor
                 user_id = next((m.user_id for m in (*changes.added, *changes.updated)), None)
                 values = {"tenant": tenant, "conversation_id": conversation_id, "node_id": node_id}
@@ -287,6 +307,19 @@ class SqlMemoryStore:
 def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
     for start in range(0, len(items), _IN_CHUNK):
         yield items[start : start + _IN_CHUNK]
+
+
+def _hold_conversations(connection: Connection, conversation_ids: set[str]) -> set[str]:
+    """The conversations of these that exist, their rows held (a no-op UPDATE first, as
+    `_lock_existing` does, then which ones are there)."""
+    found: set[str] = set()
+    for chunk in _chunks(sorted(conversation_ids)):
+        connection.execute(
+            update(_CONVERSATIONS).where(_CONVERSATIONS.c.id.in_(chunk)).values(id=_CONVERSATIONS.c.id)
+        )
+        query = sa_select(_CONVERSATIONS.c.id).where(_CONVERSATIONS.c.id.in_(chunk))
+        found |= {row[0] for row in connection.execute(query)}
+    return found
 
 
 def _lock_existing(connection: Connection, tenant: str, memory_ids: set[str]) -> None:
