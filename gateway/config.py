@@ -232,6 +232,9 @@ class MemoryConfig(_Frozen):
     profile_delay_seconds: float = Field(default=60.0, ge=0)
     agentic: bool = False
     agentic_rounds: int = Field(default=2, ge=1, le=5)
+    # With agentic recall, also offer `conversation_search` over the user's other conversations (needs
+    # retrieval: it searches the retrieval index).
+    conversation_search: bool = True
     # Whose memory a request without a user id (X-User-Id, `user`) uses; null: such requests get none,
     # so the users of an app that sends no ids never share one memory.
     default_user: str | None = Field(default=None, min_length=1, max_length=200)

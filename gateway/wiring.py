@@ -19,6 +19,7 @@ from gateway.jobs.extract_memory import ExtractMemoryHandler, MemoryTarget
 from gateway.jobs.memory_profile import ProfileHandler
 from gateway.jobs.worker import JobHandler, WorkerPool
 from gateway.memory.agentic import OfferMemoryTool, ToolLoop
+from gateway.memory.conversation_search import ConversationSearch
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.scope import MemoryScopeStep, incognito
 from gateway.memory.section import MemorySection
@@ -118,7 +119,13 @@ class Deps:
         target = self.memory.get(tenant)
         if service is None or target is None or not target.config.agentic:
             return None
-        return ToolLoop(service, target.config.agentic_rounds)
+        index = self.indexes.get(tenant)
+        conversations = (
+            ConversationSearch(index.index, index.embedder, self.store)
+            if index is not None and target.config.conversation_search
+            else None
+        )
+        return ToolLoop(service, target.config.agentic_rounds, conversations)
 
     async def delete_user(self, tenant: str, user_id: str) -> tuple[list[str], list[str]]:
         """Everything of one user: their conversations (as above) and their memories (rows, vectors,
@@ -255,7 +262,9 @@ def build_pipeline(
     if memory is not None:
         prepare.append(MemoryScopeStep(tenant.memory))
         # Before the builder, so the budget counts the tool's definition.
-        prepare.append(OfferMemoryTool(tenant.memory))
+        prepare.append(
+            OfferMemoryTool(tenant.memory, index is not None and tenant.memory.conversation_search)
+        )
     embedder = index.embedder if index is not None else memory[1].embedder if memory is not None else None
     if context.enabled and embedder is not None:
         # The question is embedded while the request is stored: the retrieval and memory sections pick

@@ -573,7 +573,11 @@ def test_agentic_recall_leaves_the_clients_own_tools_and_streams_alone(
     calls = answer.choices[0].message.tool_calls
     assert calls is not None and [c.function.name for c in calls] == ["get_weather"]  # type: ignore[union-attr]
     sent = upstream.fake.last_chat().body
-    assert [t["function"]["name"] for t in sent["tools"]] == ["get_weather", "memory_search"]  # type: ignore[index, union-attr]
+    assert [t["function"]["name"] for t in sent["tools"]] == [  # type: ignore[index, union-attr]
+        "get_weather",
+        "memory_search",
+        "conversation_search",
+    ]
     forced = client.chat.completions.create(
         model="gpt-4o-mini",
         messages=[{"role": "user", "content": "Weather in Porto?"}],
@@ -586,7 +590,10 @@ def test_agentic_recall_leaves_the_clients_own_tools_and_streams_alone(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi there"}], stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert [t["function"]["name"] for t in upstream.fake.last_chat().body["tools"]] == ["memory_search"]  # type: ignore[index, union-attr]
+    assert [t["function"]["name"] for t in upstream.fake.last_chat().body["tools"]] == [  # type: ignore[index, union-attr]
+        "memory_search",
+        "conversation_search",
+    ]
 
 
 def test_agentic_recall_stops_after_its_rounds(
@@ -885,3 +892,35 @@ def test_a_streamed_message_with_the_clients_own_call_beside_ours_gives_the_clie
     ]
     assert final.choices[0].finish_reason == "tool_calls"
     assert len(upstream.fake.chat_requests()) == before + 1  # the client answers its call: no second round
+
+
+def test_conversation_search_finds_what_was_said_in_another_conversation(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, memory=AGENTIC)], jobs=JOBS)
+    client = gateway.client(default_headers={"X-User-Id": "ana"})
+    upstream.fake.enqueue(Reply("Noted."))
+    earlier = client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini",
+        messages=[{"role": "user", "content": "For the record: the staging proxy listens on port 8443."}],
+    )
+    recorded(gateway, earlier.headers["x-gateway-request-id"])
+    wait_for_jobs(gateway)  # indexed
+    search = ToolCall("conversation_search", '{"query": "staging proxy port"}', "call_c1")
+    upstream.fake.enqueue(
+        Reply(content=None, tool_calls=(search,)), Reply(content="Port 8443, as you said before.")
+    )
+    with client.chat.completions.stream(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "Which port did I say the proxy uses?"}]
+    ) as helper:
+        final = helper.get_final_completion()
+    assert final.choices[0].message.content == "Port 8443, as you said before."
+    result = upstream.fake.chat_requests()[-1].body["messages"][-1]  # type: ignore[index]
+    assert result["role"] == "tool" and result["tool_call_id"] == "call_c1"  # type: ignore[index]
+    assert "port 8443" in result["content"]  # type: ignore[index]
+    assert f"conversation {earlier.headers['x-conversation-id']}" in result["content"]  # type: ignore[index]
+    # Only the user's own conversations: another user asking the same finds nothing.
+    upstream.fake.enqueue(Reply(content=None, tool_calls=(search,)), Reply(content="I don't know."))
+    bob = gateway.client(default_headers={"X-User-Id": "bob"})
+    bob.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "Which port?"}])
+    assert upstream.fake.chat_requests()[-1].body["messages"][-1]["content"] == "nothing found"  # type: ignore[index]

@@ -268,7 +268,7 @@ def _answering_tools(
     async def post(again: JSONObject) -> UpstreamResponse:
         return await door.send_again(tenant, call, again, key)
 
-    stream = ToolStream(loop.service, loop.rounds, call, door.sent, post)
+    stream = ToolStream(loop, call, door.sent, post)
     return UpstreamResponse(first.status, first.headers, stream.frames(first), stream.close, first.extra)
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import ClassVar
 
 import orjson
 
 from gateway.config import MemoryConfig
 from gateway.errors import EmbeddingError, StoreError
+from gateway.memory.arguments import parse_arguments
+from gateway.memory.conversation_search import CONVERSATION_TOOL, CONVERSATION_TOOL_NAME, ConversationSearch
 from gateway.memory.records import USER_SCOPE
 from gateway.memory.service import MemoryService
 from gateway.pipeline.call import ChatCall, MemoryScope
@@ -30,6 +31,7 @@ from gateway.ports import JSON, ChatPayload, JSONObject
 log = logging.getLogger(__name__)
 
 TOOL_NAME = "memory_search"
+TOOL_NAMES = frozenset({TOOL_NAME, CONVERSATION_TOOL_NAME})  # the gateway's own tools, answered by it
 RESULTS = 8
 TOOL: JSONObject = {
     "type": "function",
@@ -71,45 +73,34 @@ class OfferMemoryTool:
     span_name: ClassVar[str] = "memory.tool"  # its span in a request trace
 
     config: MemoryConfig
+    conversations: bool = False  # also conversation_search (the tenant has a retrieval index)
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
         body = payload.data
         if not self.config.agentic or call.state.memory is None or not call.answers_tools:
             return payload
         choice = body.get("tool_choice")
-        if choice == "none" or isinstance(choice, dict) or TOOL_NAME in _names(body.get("tools")):
-            return payload  # the client forces its own tool, or has one of that name
+        if choice == "none" or isinstance(choice, dict) or _names(body.get("tools")) & TOOL_NAMES:
+            return payload  # the client forces its own tool, or has one of those names
         tools = body.get("tools")
+        offered = [TOOL, CONVERSATION_TOOL] if self.conversations and call.state.user_id else [TOOL]
         call.state.memory_tool = True
-        return ChatPayload({**body, "tools": [*(tools if isinstance(tools, list) else []), TOOL]})
-
-
-def _date(value: JSON) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value[:10])
-    except ValueError:
-        return None
-    return parsed.replace(tzinfo=UTC)
+        return ChatPayload({**body, "tools": [*(tools if isinstance(tools, list) else []), *offered]})
 
 
 async def search_memory(service: MemoryService, tenant: str, scope: MemoryScope, arguments: str) -> str:
     """The tool's answer: the memories found, one per line with its date, or why there are none."""
-    try:
-        args = orjson.loads(arguments or "{}")
-    except orjson.JSONDecodeError:
-        return "error: the arguments are not valid JSON"
-    query = args.get("query") if isinstance(args, dict) else None
-    if not isinstance(query, str) or not query.strip():
-        return "error: give a query"
-    wanted = args.get("scope")
+    parsed = parse_arguments(arguments)
+    if isinstance(parsed, str):
+        return parsed
+    query, since, until = parsed
+    args = orjson.loads(arguments or "{}")
+    wanted = args.get("scope") if isinstance(args, dict) else None
     scopes = scope.scopes
     if wanted == "user":
         scopes = (USER_SCOPE,)
     elif wanted == "project" and scope.project is not None:
         scopes = (scope.project,)
-    since, until = _date(args.get("since")), _date(args.get("until"))
     try:
         found = await service.search(tenant, scope.user_id, scopes, query, RESULTS * 2)
     except (StoreError, EmbeddingError) as exc:  # the model is told, and answers without it
@@ -131,6 +122,16 @@ Post = Callable[[JSONObject], Awaitable[tuple[int, bytes]]]
 class ToolLoop:
     service: MemoryService
     rounds: int
+    conversations: ConversationSearch | None = None  # conversation_search (None: not offered)
+
+    async def answer(self, call: ChatCall, name: str, arguments: str) -> str:
+        """What the gateway answers a call of one of its tools."""
+        scope = call.state.memory
+        if name == CONVERSATION_TOOL_NAME and self.conversations is not None:
+            return await self.conversations(call, arguments)
+        if scope is None:
+            return "error: memory is off for this request"
+        return await search_memory(self.service, call.tenant, scope, arguments)
 
     async def finish(
         self, call: ChatCall, request: JSONObject, status: int, body: bytes, post: Post
@@ -152,7 +153,7 @@ class ToolLoop:
             choice = (data.get("choices") or [{}])[0]
             message = choice.get("message") or {}
             calls = message.get("tool_calls") or []
-            ours = [c for c in calls if (c.get("function") or {}).get("name") == TOOL_NAME]
+            ours = [c for c in calls if (c.get("function") or {}).get("name") in TOOL_NAMES]
             if not ours:
                 return status, _with_usage(data, usage)
             if len(ours) < len(calls):  # the client's own calls go back to it, without ours
@@ -160,8 +161,9 @@ class ToolLoop:
                 return status, _with_usage(data, usage)
             messages.append({"role": "assistant", "content": message.get("content"), "tool_calls": calls})
             for tool_call in ours:
-                arguments = str((tool_call.get("function") or {}).get("arguments") or "")
-                result = await search_memory(self.service, call.tenant, scope, arguments)
+                function = tool_call.get("function") or {}
+                arguments = str(function.get("arguments") or "")
+                result = await self.answer(call, str(function.get("name")), arguments)
                 messages.append({"role": "tool", "tool_call_id": tool_call.get("id"), "content": result})
             again: JSONObject = {**request, "messages": messages}
             if round_number + 1 >= self.rounds:  # the last round: an answer, not another search
@@ -171,7 +173,8 @@ class ToolLoop:
 
 
 def without_tool(request: JSONObject) -> JSONObject:
-    tools = [t for t in request.get("tools") or [] if TOOL_NAME not in _names([t])]  # type: ignore[union-attr]
+    """The request without the gateway's tools (the last round: an answer, not another search)."""
+    tools = [t for t in request.get("tools") or [] if not _names([t]) & TOOL_NAMES]  # type: ignore[union-attr]
     out = {k: v for k, v in request.items() if k not in ("tools", "tool_choice")}
     if tools:
         out["tools"] = tools

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from gateway.memory.agentic import TOOL_NAME, search_memory, summed_usage, without_tool
-from gateway.memory.service import MemoryService
+from gateway.memory.agentic import TOOL_NAMES, ToolLoop, summed_usage, without_tool
 from gateway.pipeline.call import ChatCall
 from gateway.pipeline.stream import FrameSplitter, frame_data, parse_chunk
 from gateway.ports import JSON, JSONObject, UpstreamResponse
@@ -45,11 +44,9 @@ class ToolStream:
     """The client's stream over as many upstream streams as the rounds take; `close()` closes the one
     being read."""
 
-    def __init__(
-        self, service: MemoryService, rounds: int, call: ChatCall, request: JSONObject, post: PostStream
-    ) -> None:
-        self._service = service
-        self._rounds = rounds
+    def __init__(self, loop: ToolLoop, call: ChatCall, request: JSONObject, post: PostStream) -> None:
+        self._loop = loop
+        self._rounds = loop.rounds
         self._call = call
         self._request = request
         self._post = post
@@ -83,8 +80,9 @@ class ToolStream:
             )
             for tool_call in (held.ours[i] for i in sorted(held.ours)):
                 function = tool_call.get("function")
-                arguments = str(function.get("arguments") or "") if isinstance(function, dict) else ""
-                result = await search_memory(self._service, self._call.tenant, scope, arguments)
+                assert isinstance(function, dict)
+                arguments, name = str(function.get("arguments") or ""), str(function.get("name"))
+                result = await self._loop.answer(self._call, name, arguments)
                 messages.append({"role": "tool", "tool_call_id": tool_call.get("id"), "content": result})
             again: JSONObject = {**self._request, "messages": messages}
             if number + 1 >= self._rounds:  # the last round: an answer, not another search
@@ -151,11 +149,11 @@ def _split(chunk: JSONObject, held: _Round) -> JSONObject | None:
             function = part.get("function") if isinstance(part.get("function"), dict) else {}
             assert isinstance(function, dict)
             if index not in held.ours and index not in held.theirs:  # the call's first delta names it
-                if function.get("name") == TOOL_NAME:
+                if function.get("name") in TOOL_NAMES:
                     held.ours[index] = {
                         "id": part.get("id"),
                         "type": "function",
-                        "function": {"name": TOOL_NAME, "arguments": ""},
+                        "function": {"name": str(function.get("name")), "arguments": ""},
                     }
                 else:
                     held.theirs[index] = len(held.theirs)
