@@ -21,7 +21,7 @@ import orjson
 
 from gateway.config import MemoryConfig
 from gateway.errors import EmbeddingError, StoreError
-from gateway.memory.arguments import parse_arguments
+from gateway.memory.arguments import parse_arguments, search_parameters
 from gateway.memory.conversation_search import CONVERSATION_TOOL, CONVERSATION_TOOL_NAME, ConversationSearch
 from gateway.memory.records import USER_SCOPE
 from gateway.memory.service import MemoryService
@@ -41,20 +41,14 @@ TOOL: JSONObject = {
             "Search what is remembered about the user from earlier conversations (preferences, facts, "
             "projects, events). Use it when the answer may depend on something the user said before."
         ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "What to look for, in a few words."},
-                "since": {"type": "string", "description": "Only memories from this date on (YYYY-MM-DD)."},
-                "until": {"type": "string", "description": "Only memories up to this date (YYYY-MM-DD)."},
-                "scope": {
-                    "type": "string",
-                    "enum": ["all", "user", "project"],
-                    "description": "The user's own memories, the current project's, or both (default).",
-                },
+        "parameters": search_parameters(
+            "memories",
+            scope={
+                "type": "string",
+                "enum": ["all", "user", "project"],
+                "description": "The user's own memories, the current project's, or both (default).",
             },
-            "required": ["query"],
-        },
+        ),
     },
 }
 

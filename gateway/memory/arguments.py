@@ -9,6 +9,18 @@ import orjson
 from gateway.ports import JSON
 
 
+def search_parameters(things: str, **more: JSON) -> JSON:
+    """The JSON schema of a search tool's arguments: a query, an optional date range over `things`, and
+    `more` properties."""
+    properties: dict[str, JSON] = {
+        "query": {"type": "string", "description": "What to look for, in a few words."},
+        "since": {"type": "string", "description": f"Only {things} from this date on (YYYY-MM-DD)."},
+        "until": {"type": "string", "description": f"Only {things} up to this date (YYYY-MM-DD)."},
+        **more,
+    }
+    return {"type": "object", "properties": properties, "required": ["query"]}
+
+
 def _date(value: JSON) -> datetime | None:
     if not isinstance(value, str):
         return None

@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 
 from gateway.errors import EmbeddingError, StoreError
-from gateway.memory.arguments import parse_arguments
+from gateway.memory.arguments import parse_arguments, search_parameters
 from gateway.pipeline.call import ChatCall
 from gateway.pipeline.text import message_text
 from gateway.ports import Embedder, JSONObject, MessageStore, VectorIndex
@@ -30,15 +30,7 @@ CONVERSATION_TOOL: JSONObject = {
             "Search the user's earlier conversations (not this one) for what was said there: decisions, "
             "names, numbers, plans. Use it when the user refers to a past chat."
         ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "What to look for, in a few words."},
-                "since": {"type": "string", "description": "Only messages from this date on (YYYY-MM-DD)."},
-                "until": {"type": "string", "description": "Only messages up to this date (YYYY-MM-DD)."},
-            },
-            "required": ["query"],
-        },
+        "parameters": search_parameters("messages"),
     },
 }
 
