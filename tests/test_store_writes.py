@@ -246,3 +246,18 @@ def test_the_sent_block_survives_the_migration_a_nul_and_is_forgotten_per_user(d
             await store.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_model_name_with_a_nul_character_is_recorded(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], database_url: str, tmp_path: Path
+) -> None:
+    """A client's `model` (and a provider's error text) may hold U+0000; Postgres's text columns refuse
+    it, and the request's record failed (issue 15 noted it). It is recorded, the NUL replaced."""
+    gateway = gateway_on(make_gateway, upstream, database_url, tmp_path)
+    raw = gateway.client().chat.completions.with_raw_response.create(
+        model="gpt-4o\x00mini", messages=[{"role": "user", "content": "Hello"}]
+    )
+    headers = raw.headers
+    recorded(gateway, headers["x-gateway-request-id"])
+    record = get(gateway, f"/requests/{headers['x-gateway-request-id']}").json()
+    assert record["model"] == "gpt-4o\ufffdmini" and record["status"] == "complete"

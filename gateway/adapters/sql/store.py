@@ -505,6 +505,14 @@ def _forget_sent_context(connection: Connection, tenant: str, user_id: str) -> i
 
 def _record_fields(record: RequestRecord) -> dict[str, object]:
     fields: dict[str, object] = {name: getattr(record, name) for name in RequestRecord.__dataclass_fields__}
+    for name in ("model", "error"):  # client- and provider-written text: Postgres refuses U+0000 in it
+        value = fields[name]
+        if isinstance(value, str) and "\x00" in value:
+            fields[name] = value.replace("\x00", "\ufffd")
+    for name in ("report", "usage"):
+        value = fields[name]
+        if isinstance(value, dict):
+            fields[name] = nul.pack(value)
     if record.sent_context is not None:
         fields["sent_context"] = nul.pack(record.sent_context)
     return fields
@@ -514,6 +522,8 @@ def _request(row: RequestRow) -> RequestRecord:
     fields = row.model_dump()
     fields["created_at"] = _aware(row.created_at)
     fields["sent_context"] = nul.unpack(row.sent_context) if row.sent_context is not None else None
+    fields["report"] = nul.unpack(row.report) if row.report is not None else None
+    fields["usage"] = nul.unpack(row.usage) if row.usage is not None else None
     return RequestRecord(**fields)
 
 
