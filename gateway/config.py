@@ -235,6 +235,9 @@ class MemoryConfig(_Frozen):
     # With agentic recall, also offer `conversation_search` over the user's other conversations (needs
     # retrieval: it searches the retrieval index).
     conversation_search: bool = True
+    # The memory section also lists the user's latest N other conversations (date, title, one line;
+    # titles written in the background by a title call per conversation). 0: off.
+    recent_conversations: int = Field(default=0, ge=0, le=20)
     # Whose memory a request without a user id (X-User-Id, `user`) uses; null: such requests get none,
     # so the users of an app that sends no ids never share one memory.
     default_user: str | None = Field(default=None, min_length=1, max_length=200)

@@ -181,6 +181,10 @@ class MessageStore(Protocol):
         ids deleted."""
         ...
 
+    async def set_title(self, tenant: str, conversation_id: str, title: str, gist: str | None) -> bool:
+        """Store a conversation's title and gist; False when it is gone."""
+        ...
+
     async def forget_sent_context(self, tenant: str, user_id: str) -> int:
         """Drop the injected blocks kept with a user's request records (something they may hold, a
         memory, was deleted); returns how many records had one."""

@@ -72,6 +72,8 @@ class Conversation:
     message_count: int
     created_at: datetime
     updated_at: datetime
+    title: str | None = None  # written in the background (a title job), for the recent-conversations digest
+    gist: str | None = None  # one line on what it is about, with the title
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +230,16 @@ class MemoryWork:
 
 
 PROFILE = "memory_profile"
+
+
+TITLE = "title"
+TITLE_EVERY_MESSAGES = 20  # a conversation's title is written after its first exchange, then this often
+
+
+def title_job(tenant: str, conversation_id: str, model: str | None, delay_seconds: float = 0.0) -> NewJob:
+    """Write a conversation's title and one-line gist; one pending job per conversation."""
+    payload: JSONObject = {"conversation_id": conversation_id, "model": model}
+    return NewJob(TITLE, tenant, payload, key=f"{TITLE}:{conversation_id}", delay_seconds=delay_seconds)
 
 
 def profile_job(tenant: str, user_id: str, model: str | None, delay_seconds: float = 0.0) -> NewJob:

@@ -14,6 +14,7 @@ from gateway.adapters.sql.tables import utcnow
 from gateway.config import LOCAL_MODELS, GatewayConfig, MemoryConfig, TenantConfig, TracingConfig
 from gateway.errors import ConfigError, StoreError
 from gateway.jobs.compact import CompactHandler, CompactionTarget
+from gateway.jobs.conversation_title import TitleHandler
 from gateway.jobs.embed import EmbedHandler, IndexTarget
 from gateway.jobs.extract_memory import ExtractMemoryHandler, MemoryTarget
 from gateway.jobs.memory_profile import ProfileHandler
@@ -56,6 +57,7 @@ from gateway.records import (
     EMBED,
     EXTRACT_MEMORY,
     PROFILE,
+    TITLE,
     Conversation,
     IndexBacklog,
     embed_key_prefix,
@@ -281,14 +283,23 @@ def build_pipeline(
             )
         always: list[Section] = []
         if memory is not None:
-            always.append(MemorySection(memory[0], memory[1].vectors, memory[1].embedder, tenant.memory))
+            always.append(
+                MemorySection(memory[0], memory[1].vectors, memory[1].embedder, tenant.memory, store)
+            )
             sections.append(always[-1])  # the lowest priority when cutting (design.md §4)
         prepare.append(ContextBuilder(context, tokenizers, catalog, sections, always))
     if compacts(tenant):
         policy = CompactionPolicy.for_tenant(context, tenant.compaction)
     delay = tenant.memory.extract_delay_seconds if memory is not None and learns(tenant) else None
     complete: list[CompleteStep] = [
-        PersistStep(store, tokenizers, policy, index=index is not None, extract_delay=delay)
+        PersistStep(
+            store,
+            tokenizers,
+            policy,
+            index=index is not None,
+            extract_delay=delay,
+            titles=delay is not None and tenant.memory.recent_conversations > 0,
+        )
     ]
     return ChatPipeline(counters, prepare, complete)
 
@@ -473,6 +484,7 @@ def build_deps(
             clock,
         ),
         PROFILE: ProfileHandler(memories, learners.get),
+        TITLE: TitleHandler(store, learners.get),
     }
     all_handlers.update(handlers or {})
     jobs = sql.jobs

@@ -18,7 +18,7 @@ from gateway.adapters.lance_memories import LanceMemoryVectors
 from gateway.fakes.openai_upstream import Reply, ToolCall
 from gateway.memory.prompts import EXTRACT_MARKER
 from gateway.wiring import memory_table
-from tests.conftest import GATEWAY_KEY, Gateway, Upstream, recorded, tenant, wait_for_jobs
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
 
 JOBS = {"poll_seconds": 0.05, "retry_base_seconds": 0.05, "lease_seconds": 20, "max_attempts": 2}
 MEMORY = {"enabled": True, "extract_delay_seconds": 0, "profile_delay_seconds": 0}
@@ -924,3 +924,42 @@ def test_conversation_search_finds_what_was_said_in_another_conversation(
     bob = gateway.client(default_headers={"X-User-Id": "bob"})
     bob.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "Which port?"}])
     assert upstream.fake.chat_requests()[-1].body["messages"][-1]["content"] == "nothing found"  # type: ignore[index]
+
+
+def test_a_new_conversation_lists_the_users_recent_ones(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    memory = {**MEMORY, "recent_conversations": 3, "profile": False}
+    gateway = make_gateway([tenant("acme", upstream.base_url, memory=memory)], jobs=JOBS)
+    older = ask(gateway, "Plan the Lisbon trip for May with the kids.")
+    newer = ask(gateway, "Review the ledger-api migration to Postgres 17.")
+    ask(gateway, "Draft the quarterly report for the board.", user="bob")
+    wait_for_jobs(gateway)  # the title calls, in the background
+    titles = {c["id"]: c["title"] for c in api(gateway, "/conversations")["data"]}
+    assert titles[older.headers["x-conversation-id"]] == "Plan the Lisbon trip for May"
+    raw = ask(gateway, "What should I focus on today?")
+    block = injected(upstream)
+    assert "The user's recent conversations (newest first):" in block
+    assert "Review the ledger-api migration to Postgres: Latest: Review the ledger-api" in block
+    assert block.index("Review the ledger-api") < block.index("Plan the Lisbon trip")  # newest first
+    assert "quarterly report" not in block  # another user's
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    assert report["sections"]["memory"]["recent_conversations"] == [
+        newer.headers["x-conversation-id"],
+        older.headers["x-conversation-id"],
+    ]
+
+    def title_calls() -> int:
+        return sum("write-title" in str(r.body["messages"]) for r in upstream.fake.memory_requests())
+
+    wait_for_jobs(gateway)
+    assert title_calls() == 4  # one per conversation, after its first exchange
+    client = gateway.client(default_headers={"X-User-Id": "ana"})
+    history = [
+        {"role": "user", "content": "Plan the Lisbon trip for May with the kids."},
+        {"role": "assistant", "content": older.parse().choices[0].message.content},
+        {"role": "user", "content": "Add a day in Sintra."},
+    ]
+    client.chat.completions.create(model="gpt-4o-mini", messages=history)  # type: ignore[arg-type]
+    wait_for_jobs(gateway)
+    assert title_calls() == 4  # not again until the conversation has grown by 20 messages

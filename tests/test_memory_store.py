@@ -433,6 +433,7 @@ def test_memory_migrations_apply_over_a_database_at_0003(
             "0006_responses",
             "0007_profile_covered",
             "0008_request_sent_context",
+            "0009_conversation_titles",
         ]
         tables = set(inspect(engine).get_table_names())
         assert {"memories", "memory_sources", "memory_cursors", "memory_profiles"} <= tables

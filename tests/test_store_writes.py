@@ -214,8 +214,10 @@ def test_the_sent_block_survives_the_migration_a_nul_and_is_forgotten_per_user(d
         migrations.migrate(engine)
         with engine.begin() as connection:  # as a database from before 0008 was
             connection.execute(text("ALTER TABLE requests DROP COLUMN sent_context"))
-            connection.execute(text("DELETE FROM schema_migrations WHERE name = '0008_request_sent_context'"))
-        assert migrations.migrate(engine) == ["0008_request_sent_context"]
+            connection.execute(text("ALTER TABLE conversations DROP COLUMN title"))
+            connection.execute(text("ALTER TABLE conversations DROP COLUMN gist"))
+            connection.execute(text("DELETE FROM schema_migrations WHERE name >= '0008'"))
+        assert migrations.migrate(engine) == ["0008_request_sent_context", "0009_conversation_titles"]
     finally:
         engine.dispose()
     block = {

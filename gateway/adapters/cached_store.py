@@ -137,6 +137,9 @@ class CachedMessageStore:
         self._forget(tenant, deleted)
         return sorted(deleted)
 
+    async def set_title(self, tenant: str, conversation_id: str, title: str, gist: str | None) -> bool:
+        return await self.inner.set_title(tenant, conversation_id, title, gist)
+
     async def forget_sent_context(self, tenant: str, user_id: str) -> int:
         return await self.inner.forget_sent_context(tenant, user_id)
 

@@ -16,7 +16,7 @@ from html import unescape
 
 import orjson
 
-from gateway.memory.prompts import EXTRACT_MARKER, PROFILE_MARKER, RESOLVE_MARKER
+from gateway.memory.prompts import EXTRACT_MARKER, PROFILE_MARKER, RESOLVE_MARKER, TITLE_MARKER
 from gateway.ports import JSONObject
 
 _TURN = re.compile(r'<turn n="(\d+)"[^>]*>\n(.*?)\n</turn>', re.DOTALL)
@@ -48,6 +48,8 @@ def memory_answer(body: JSONObject) -> str | None:
         return orjson.dumps({"decisions": resolve(text)}).decode()
     if instruction.startswith(PROFILE_MARKER):
         return profile(text)
+    if instruction.startswith(TITLE_MARKER):
+        return title(text)
     return None
 
 
@@ -55,7 +57,17 @@ def is_memory_call(body: JSONObject) -> bool:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
         return False
-    return str(messages[0].get("content") or "").startswith((EXTRACT_MARKER, RESOLVE_MARKER, PROFILE_MARKER))
+    markers = (EXTRACT_MARKER, RESOLVE_MARKER, PROFILE_MARKER, TITLE_MARKER)
+    return str(messages[0].get("content") or "").startswith(markers)
+
+
+def title(transcript: str) -> str:
+    """A title from the first user line's first six words, a gist from the last user line's first ten."""
+    said = [line.removeprefix("user: ") for line in transcript.splitlines() if line.startswith("user: ")]
+    if not said:
+        return ""
+    first, last = said[0].split(), said[-1].split()
+    return f"Title: {' '.join(first[:6])}\nGist: Latest: {' '.join(last[:10])}"
 
 
 def extract(transcript: str) -> list[JSONObject]:

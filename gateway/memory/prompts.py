@@ -19,6 +19,7 @@ from gateway.ports import JSONObject
 EXTRACT_MARKER = "[context-gateway:extract-memories]"
 RESOLVE_MARKER = "[context-gateway:resolve-memories]"
 PROFILE_MARKER = "[context-gateway:write-profile]"
+TITLE_MARKER = "[context-gateway:write-title]"
 REPAIR_NOTE = (
     "Your previous reply was not valid JSON of the required shape. Reply again with only the JSON object, "
     "nothing before or after it."
@@ -107,6 +108,19 @@ reads before every conversation with them. Sections (leave one out when empty):
 ## Constraints
 Only what the memories say; newer memories win where they disagree; names and identifiers verbatim.
 Terse bullet points. Stay under {{limit}} tokens. Reply with the document only."""
+
+
+TITLE_SYSTEM = f"""{TITLE_MARKER}
+You name a conversation for a list of the user's recent chats. Read its opening and latest messages and
+reply with exactly two lines:
+Title: at most 8 words, what the conversation is about (names and identifiers verbatim)
+Gist: one sentence of at most 25 words: where it stands now
+Nothing else."""
+
+
+def title_request(model: str, lines: Sequence[str]) -> JSONObject:
+    """The title call: the conversation's opening and newest messages, a line each."""
+    return _chat(model, TITLE_SYSTEM, "<conversation>\n" + "\n".join(lines) + "\n</conversation>")
 
 
 def profile_request(model: str, memories: Sequence[Memory], limit: int) -> JSONObject:

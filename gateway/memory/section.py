@@ -24,7 +24,8 @@ from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.records import ACTIVE, USER_SCOPE, Memory, MemoryFilter, MemoryHit, MemoryQuery, Profile
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.text import message_text
-from gateway.ports import JSON, Embedder, JSONObject
+from gateway.ports import JSON, Embedder, JSONObject, MessageStore
+from gateway.records import Conversation
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,6 +58,7 @@ class _Found:
     profile: Profile | None = None
     relevant: list[_Ranked] = field(default_factory=list)
     detail: JSONObject = field(default_factory=dict)
+    recent: list[Conversation] = field(default_factory=list)  # the user's other, titled conversations
 
 
 @dataclass(slots=True)
@@ -65,6 +67,7 @@ class MemorySection:
     vectors: MemoryVectors
     embedder: Embedder | None  # None: keyword search only
     config: MemoryConfig
+    conversations: MessageStore | None = None  # for the recent-conversations digest
     name: str = "memory"
     whole: bool = False
 
@@ -80,7 +83,7 @@ class MemorySection:
     async def plan(self, build: BuildInput) -> int:
         found = await self._find(build)  # the builder reports the section's time ("ms")
         build.memo[self.name] = found
-        return self.allowance if found.standing or found.relevant or found.profile else 0
+        return self.allowance if found.standing or found.relevant or found.profile or found.recent else 0
 
     async def _find(self, build: BuildInput) -> _Found:
         scope = build.call.state.memory
@@ -136,13 +139,24 @@ class MemorySection:
             found = await self.memories.profile(tenant, scope.user_id)
             return found if found is not None and found.shown else None
 
+        async def recent() -> list[Conversation]:
+            wanted = self.config.recent_conversations
+            if not wanted or self.conversations is None:
+                return []
+            latest = await self.conversations.list_conversations(
+                tenant, user_id=scope.user_id, limit=wanted + 1
+            )
+            current = build.call.state.conversation_id
+            return [c for c in latest if c.id != current and c.title][:wanted]
+
         # The standing part (SQL reads) while the question is embedded and searched.
         standing_filter = MemoryFilter(scope.user_id, scope.scopes, STANDING_TYPES, limit=STANDING_MAX)
         nothing: tuple[dict[str, tuple[float, float | None, bool]], dict[str, Memory], bool] = ({}, {}, False)
-        standing, user_profile, (fused, rows, embedded) = await asyncio.gather(
+        standing, user_profile, (fused, rows, embedded), latest = await asyncio.gather(
             degraded(self.memories.find(tenant, standing_filter), []),
             degraded(profile(), None),
             degraded(search(), nothing),
+            degraded(recent(), []),
         )
         if user_profile is not None and user_profile.shown:
             # What the profile already says is not repeated (it covers only the user's own scope).
@@ -163,7 +177,7 @@ class MemorySection:
         detail: JSONObject = {"searched": len(fused), "embedded": embedded, "timings_ms": timings}
         if errors:
             detail["errors"] = list[JSON](errors)
-        return _Found(standing, user_profile, relevant[: self.config.top_n], detail)
+        return _Found(standing, user_profile, relevant[: self.config.top_n], detail, latest)
 
     async def _embed(self, build: BuildInput, question: str) -> list[float] | None:
         if self.embedder is None:
@@ -224,10 +238,38 @@ class MemorySection:
         detail["standing"] = [m.id for m in standing]
         detail["relevant"] = relevant
         detail["profile"] = profile_used
-        if not standing and not chosen and not profile_used:
+        digest, used = _digest(found.recent, allowance, used, count, lines)
+        if digest:
+            detail["recent_conversations"] = list[JSON](c.id for c in digest)
+        if not standing and not chosen and not profile_used and not digest:
             return Proposal(detail=detail)
         text = "\n".join(lines)
         return Proposal(tokens=count(text), text=text, detail=detail)
+
+
+def _digest(
+    conversations: list[Conversation], room: int, used: int, count: Callable[[str], int], lines: list[str]
+) -> tuple[list[Conversation], int]:
+    """The user's recent conversations, newest first, as a date, a title and a line each (those that fit)."""
+    title = "The user's recent conversations (newest first):"
+    cost = count(title) + 1
+    if not conversations or used + cost > room:
+        return [], used
+    shown: list[Conversation] = []
+    entries: list[str] = []
+    for conversation in conversations:
+        line = f"- [{conversation.updated_at:%Y-%m-%d}] {conversation.title}"
+        line += f": {conversation.gist}" if conversation.gist else ""
+        line_cost = count(line) + 1
+        if used + cost + line_cost > room:
+            break
+        cost += line_cost
+        entries.append(line)
+        shown.append(conversation)
+    if shown:
+        lines += [title, *entries]
+        used += cost
+    return shown, used
 
 
 def _take(

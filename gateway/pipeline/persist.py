@@ -16,6 +16,7 @@ from gateway.pipeline.canonical import chain_hashes
 from gateway.pipeline.compaction import CompactionPolicy
 from gateway.ports import JSONObject, MessageStore, Tokenizers
 from gateway.records import (
+    TITLE_EVERY_MESSAGES,
     AppendRequest,
     EmbedWork,
     MemoryWork,
@@ -23,6 +24,7 @@ from gateway.records import (
     NewMessage,
     RequestRecord,
     compact_job,
+    title_job,
 )
 
 
@@ -36,6 +38,7 @@ class PersistStep:
     index: bool = False  # enqueue an embed job for the exchange's new messages (retrieval is on)
     # Seconds before memory extraction reads the exchange's new user turns; None: memory is not learnt.
     extract_delay: float | None = None
+    titles: bool = False  # queue title jobs (the memory section's digest of recent conversations)
 
     async def __call__(self, call: ChatCall, outcome: ChatOutcome) -> None:
         state = call.state
@@ -74,6 +77,10 @@ class PersistStep:
             if answer is None:
                 answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (), ())
             answer = replace(answer, jobs=(*answer.jobs, learn))
+        if answer is not None and answer.messages and self._titles_due(call):
+            name = model if isinstance(model, str) else None
+            title = title_job(call.tenant, answer.conversation_id or "", name, self.extract_delay or 0.0)
+            answer = replace(answer, jobs=(*answer.jobs, title))
         record = RequestRecord(
             id=call.request_id,
             tenant=call.tenant,
@@ -98,6 +105,16 @@ class PersistStep:
             state.answer_id = answer.messages[0].id
         elif not stored:
             state.conversation_id, state.conversation_deleted = None, True
+
+    def _titles_due(self, call: ChatCall) -> bool:
+        """After a conversation's first exchange, and whenever this exchange crossed a multiple of
+        TITLE_EVERY_MESSAGES (a long history sent at once crosses one too)."""
+        state = call.state
+        if not self.titles or state.memory is None or state.conversation_id is None:
+            return False
+        answer_depth = state.leaf_depth + 1
+        before = answer_depth - state.appended - 1  # the depth of the last message stored before this
+        return before < 1 or answer_depth // TITLE_EVERY_MESSAGES != before // TITLE_EVERY_MESSAGES
 
     def _memory_job(self, call: ChatCall) -> NewJob | None:
         """Extraction of the user turns this request brought (one pending job per conversation reads

@@ -73,6 +73,13 @@ def _request_sent_context(connection: Connection) -> None:
         connection.execute(text(f"ALTER TABLE requests ADD COLUMN sent_context {kind}"))
 
 
+def _conversation_titles(connection: Connection) -> None:
+    columns = {c["name"] for c in inspect(connection).get_columns(str(ConversationRow.__tablename__))}
+    for name in ("title", "gist"):
+        if name not in columns:
+            connection.execute(text(f"ALTER TABLE conversations ADD COLUMN {name} TEXT"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     ("0001_conversations_messages_requests", _initial),
     ("0002_jobs", _jobs),
@@ -82,6 +89,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ("0006_responses", _responses),
     ("0007_profile_covered", _profile_covered),
     ("0008_request_sent_context", _request_sent_context),
+    ("0009_conversation_titles", _conversation_titles),
 )
 
 # Serialises migrations between gateway replicas starting together on one Postgres.

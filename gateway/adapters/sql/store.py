@@ -184,6 +184,8 @@ def _conversation(row: ConversationRow) -> Conversation:
         message_count=row.message_count,
         created_at=_aware(row.created_at),
         updated_at=_aware(row.updated_at),
+        title=row.title,
+        gist=row.gist,
     )
 
 
@@ -471,6 +473,18 @@ class SqlStore:
                 for user in {row[1] for row in rows if row[1] is not None}:
                     _forget_sent_context(connection, tenant, user)
             return ids
+
+        return await self._run(run)
+
+    async def set_title(self, tenant: str, conversation_id: str, title: str, gist: str | None) -> bool:
+        def run() -> bool:
+            with self.engine.begin() as connection:
+                done = connection.execute(
+                    update(_CONVERSATIONS)
+                    .where(_CONVERSATIONS.c.tenant == tenant, _CONVERSATIONS.c.id == conversation_id)
+                    .values(title=title.replace("\x00", ""), gist=gist.replace("\x00", "") if gist else None)
+                )
+                return bool(done.rowcount)
 
         return await self._run(run)
 

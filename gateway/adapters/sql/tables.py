@@ -36,6 +36,8 @@ class ConversationRow(SQLModel, table=True):
     root_id: str | None = Field(default=None, max_length=32)
     last_message_id: str | None = Field(default=None, max_length=32)
     message_count: int = 0
+    title: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    gist: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     created_at: datetime = Field(sa_column=_timestamp())
     updated_at: datetime = Field(sa_column=_timestamp())
 
