@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -963,3 +964,24 @@ def test_a_new_conversation_lists_the_users_recent_ones(
     client.chat.completions.create(model="gpt-4o-mini", messages=history)  # type: ignore[arg-type]
     wait_for_jobs(gateway)
     assert title_calls() == 4  # not again until the conversation has grown by 20 messages
+
+
+def test_a_tool_rounds_stream_cut_short_reaches_the_client_as_cut(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """The second round's stream breaks: the client's stream ends in an error, not as if complete, and
+    the record says partial."""
+    gateway = make_gateway([tenant("acme", upstream.base_url, memory=AGENTIC)], jobs=JOBS)
+    search = ToolCall("memory_search", '{"query": "anything"}', "call_m1")
+    upstream.fake.enqueue(
+        Reply(content=None, tool_calls=(search,)), Reply("one two three four five six", break_after_chunks=3)
+    )
+    client = gateway.client(default_headers={"X-User-Id": "ana"})
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}], stream=True
+    )
+    with pytest.raises(openai.APIError):
+        list(raw.parse())
+    recorded(gateway, raw.headers["x-gateway-request-id"])
+    record = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")
+    assert record["status"] == "partial" and "upstream" in record["error"]

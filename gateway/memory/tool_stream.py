@@ -34,6 +34,7 @@ class _Round:
     content: list[str] = field(default_factory=list)
     finish: JSONObject | None = None
     usage: JSONObject | None = None
+    done: bool = False  # the round's stream ended with `[DONE]` (else it was cut short)
 
 
 def _frame(chunk: JSONObject) -> bytes:
@@ -73,7 +74,8 @@ class ToolStream:
                 if isinstance(reported, dict):
                     usage.append(reported)
             calls: list[JSON] = [held.ours[i] for i in sorted(held.ours)]
-            if not calls or held.theirs or scope is None or number >= self._rounds:
+            cut = not held.done and held.finish is None  # ended early: the relay reports it
+            if cut or not calls or held.theirs or scope is None or number >= self._rounds:
                 break  # an answer, or the client's own calls: the stream ends here
             messages.append(
                 {"role": "assistant", "content": "".join(held.content) or None, "tool_calls": calls}
@@ -101,7 +103,8 @@ class ToolStream:
             yield _frame(held.finish)
         if template is not None:
             yield _frame({**template, "usage": usage[0] if len(usage) == 1 else summed_usage(usage)})
-        yield b"data: [DONE]\n\n"
+        if held.done:  # a stream that ended early stays so: the relay tells the client
+            yield b"data: [DONE]\n\n"
 
     async def _relay(self, response: UpstreamResponse, held: _Round) -> AsyncIterator[bytes]:
         """One round's frames, less what is held back (recorded in `held`)."""
@@ -113,6 +116,7 @@ class ToolStream:
                     yield frame
                     continue
                 if data == b"[DONE]":
+                    held.done = True
                     return
                 chunk = parse_chunk(data)
                 if chunk is None:
