@@ -72,6 +72,13 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     configure_logging(config.server.log_level, config.server.log_format)
+    if config.tracing.otlp_endpoint is not None:  # said now, not as a traceback from the lifespan
+        try:
+            import gateway.adapters.otel_tracer  # noqa: F401
+        except ImportError as exc:
+            raise click.ClickException(
+                'tracing.otlp_endpoint is set but OpenTelemetry is not installed: pip install "context-gateway[otel]"'
+            ) from exc
     _raise_open_file_limit(config)
     if not (config_path or os.environ.get("GATEWAY_CONFIG")):
         click.echo("No --config given: forwarding to OpenAI with each client's own API key.", err=True)
