@@ -5,7 +5,7 @@ dashboard's request page and `context-gateway context`."""
 from __future__ import annotations
 
 from gateway.inbound.chat_form import calls_of, text_of
-from gateway.ports import JSONObject
+from gateway.ports import JSON, JSONObject
 from gateway.records import StoredMessage
 
 
@@ -27,15 +27,39 @@ def sent_messages(
         return None
     by_id = {m.node.id: m for m in path}
     ids = layout.get("ids")
-    chosen: list[StoredMessage | None] = (
-        [by_id.get(i) if isinstance(i, str) else None for i in ids] if isinstance(ids, list) else list(path)
+    leading = layout.get("leading")
+    entries: list[JSON] = (
+        list(ids)
+        if isinstance(ids, list)
+        else [
+            *({"message": m} for m in (leading if isinstance(leading, list) else [])),
+            *(m.node.id for m in path),
+        ]
     )
-    rows: list[dict[str, object]] = [
-        {"kind": "stored", "role": m.node.role, "tokens": m.node.token_count, "text": shown_text(m.data)}
-        if m is not None
-        else {"kind": "missing", "role": "?", "tokens": None, "text": ""}
-        for m in chosen
-    ]
+    rows: list[dict[str, object]] = []
+    for entry in entries:
+        found = by_id.get(entry) if isinstance(entry, str) else None
+        inline = entry.get("message") if isinstance(entry, dict) else None
+        if found is not None:
+            rows.append(
+                {
+                    "kind": "stored",
+                    "role": found.node.role,
+                    "tokens": found.node.token_count,
+                    "text": shown_text(found.data),
+                }
+            )
+        elif isinstance(inline, dict):  # sent as it came (the system prompt is not in the stored chain)
+            rows.append(
+                {
+                    "kind": "inline",
+                    "role": str(inline.get("role")),
+                    "tokens": None,
+                    "text": shown_text(inline),
+                }
+            )
+        else:
+            rows.append({"kind": "missing", "role": "?", "tokens": None, "text": ""})
     at = layout.get("context_at")
     if isinstance(at, int):
         block: dict[str, object]

@@ -32,7 +32,8 @@ def test_conversations_show_context_and_jobs_read_what_the_gateway_stored(
     history += [{"role": "assistant", "content": "A1"}, {"role": "user", "content": "Q2"}]
     client.chat.completions.create(model="gpt-4o", messages=history)
     edited = [*history[:2], {"role": "user", "content": "Q2 edited"}]
-    long_history = edited + [
+    system = {"role": "system", "content": "You answer in one sentence, citing parcel codes."}
+    long_history = [system, *edited] + [
         m
         for n in range(12)
         for m in (
@@ -91,6 +92,7 @@ def test_conversations_show_context_and_jobs_read_what_the_gateway_stored(
     numbered = [line for line in whole.output.splitlines() if re.match(r"  \d+\. ", line)]
     assert [line.split()[1] for line in numbered] == [m["role"] for m in received]
     assert received[-1]["content"].strip() in whole.output  # each message whole
+    assert received[0] == system and system["content"] in whole.output  # outside the stored chain, kept
 
     queued = runner.invoke(main, ["jobs", "--config", str(config), "--tenant", "acme"])
     assert queued.exit_code == 0 and re.search(r"done [1-9]", queued.output), queued.output

@@ -790,7 +790,7 @@ def test_the_block_sent_is_kept_with_the_request_until_what_it_held_is_deleted(
     sent = upstream.fake.last_chat().body["messages"]
     kept = record(first)
     assert kept["sent_context"] == sent[0] and "Postgres 16" in injected(upstream)
-    assert kept["report"]["sent"] == {"as_sent": True, "context_at": 0}
+    assert kept["report"]["sent"] == {"as_sent": True, "context_at": 0, "leading": []}
     page = httpx.get(f"{remembering.server.url}/dashboard/requests/{kept['id']}", headers=auth)
     assert page.status_code == 200 and "Ana&#39;s billing service runs on Postgres 16." in page.text
     other = ask(remembering, "And which Postgres version runs billing, again?")  # a second conversation

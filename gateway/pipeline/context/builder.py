@@ -60,7 +60,7 @@ class ContextBuilder:
                 return ChatPayload({**body, "messages": added})
             state.sent_tokens = original
             state.report = _report(budget, original, original, unchanged=True, sections={}, cut=_cut([], 0))
-            state.report["sent"] = {"as_sent": True, "context_at": None}
+            state.report["sent"] = _as_sent(state.items, None)
             return payload
 
         leading = _leading_system(state.items)
@@ -153,7 +153,12 @@ class ContextBuilder:
         )  # fmt: skip
         # What went, in order: stored messages by id (the block, kept whole, at its place).
         state.report["sent"] = {
-            "ids": [item.node_id for item in messages if item.message is not block],
+            # A message the store does not hold (the system prompt, outside the chain) goes in whole.
+            "ids": [
+                item.node_id if item.node_id is not None else {"message": item.message}
+                for item in messages
+                if item.message is not block
+            ],
             "context_at": len(build.system) if block is not None else None,
         }
         state.sent_context = block
@@ -184,7 +189,7 @@ class ContextBuilder:
         }
         state.report = _report(budget, original, sent, unchanged=False, sections=sections, cut=_cut([], 0))
         state.report["history_unchanged"] = True
-        state.report["sent"] = {"as_sent": True, "context_at": leading}  # the history whole, the block added
+        state.report["sent"] = _as_sent(state.items, leading)  # the history whole, the block added
         state.sent_context = block
         messages: list[JSON] = [item.message for item in state.items[:leading]]
         return [*messages, block, *(item.message for item in state.items[leading:])]
@@ -250,6 +255,14 @@ class ContextBuilder:
 
 
 REGROW_TOKENS = 200  # leftover budget worth a second pass (see `__call__`)
+
+
+def _as_sent(items: list[HistoryItem], context_at: int | None) -> JSONObject:
+    """The layout of a history sent as the client sent it: the stored path, after the leading messages
+    the store does not hold (the system prompt, outside the chain), which go in whole."""
+    leading = _leading_system(items)
+    unstored: list[JSON] = [item.message for item in items[:leading] if item.node_id is None]
+    return {"as_sent": True, "context_at": context_at, "leading": unstored}
 
 
 def _framing_tokens(tokenizer: Tokenizer, sections: int) -> int:
