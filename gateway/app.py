@@ -12,7 +12,7 @@ from starlette.middleware import Middleware
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.http.errors import handle_gateway_error, handle_http_exception
-from gateway.http.middleware import AuthMiddleware, RequestContextMiddleware
+from gateway.http.middleware import AuthMiddleware, BodyLimitMiddleware, RequestContextMiddleware
 from gateway.http.routes import routes
 from gateway.wiring import Deps, build_deps
 
@@ -34,7 +34,11 @@ def create_app(config: GatewayConfig, deps: Deps | None = None) -> Starlette:
 
     return Starlette(
         routes=routes(config.server.max_body_bytes, config.server.dashboard_secret, config.server.admin_key),
-        middleware=[Middleware(RequestContextMiddleware), Middleware(AuthMiddleware)],
+        middleware=[
+            Middleware(RequestContextMiddleware),
+            Middleware(AuthMiddleware),
+            Middleware(BodyLimitMiddleware, config.server.max_body_bytes),
+        ],
         exception_handlers={GatewayError: handle_gateway_error, HTTPException: handle_http_exception},
         lifespan=lifespan,
     )

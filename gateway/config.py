@@ -243,6 +243,16 @@ class MemoryConfig(_Frozen):
     default_user: str | None = Field(default=None, min_length=1, max_length=200)
 
 
+class LimitsConfig(_Frozen):
+    # Requests a minute this tenant may send (chat, other /v1 routes and the REST API), per process; over
+    # it the gateway answers 429 with Retry-After. 0: no limit.
+    requests_per_minute: int = Field(default=0, ge=0)
+    # Requests that may arrive at once after a quiet spell; None: one minute's worth.
+    burst: int | None = Field(default=None, ge=1)
+    # A smaller body limit than server.max_body_bytes for this tenant; None: the server's.
+    max_body_bytes: int | None = Field(default=None, gt=0)
+
+
 class TenantConfig(_Frozen):
     name: str = Field(min_length=1)
     api_keys: tuple[str, ...] = ()
@@ -253,6 +263,7 @@ class TenantConfig(_Frozen):
     compaction: CompactionConfig = CompactionConfig()
     retrieval: RetrievalConfig = RetrievalConfig()
     memory: MemoryConfig = MemoryConfig()
+    limits: LimitsConfig = LimitsConfig()
 
     @model_validator(mode="after")
     def _keys_or_pass_through(self) -> TenantConfig:

@@ -7,6 +7,7 @@
     │   ├── AuthenticationFailed     401: unknown or missing gateway key
     │   ├── NotFound                 404: no such route or resource
     │   ├── PayloadTooLarge          413: body over `server.max_body_bytes`
+    │   ├── RateLimited              429: the tenant is over `limits.requests_per_minute`
     │   └── NotSupported             501: the tenant's provider cannot serve this endpoint
     ├── StoreError                   the database failed (the request path fails open around it)
     │   └── SearchIndexError         the vector / full-text index (LanceDB) failed
@@ -63,6 +64,16 @@ class NotFound(ClientError):
 class PayloadTooLarge(ClientError):
     status = 413
     code = "payload_too_large"
+
+
+class RateLimited(ClientError):
+    status = 429
+    error_type = "requests"  # OpenAI's type for a request-rate 429
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class NotSupported(ClientError):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from gateway.config import TenantConfig
 from gateway.errors import AuthenticationFailed
+from gateway.limits import RateLimiter
 from gateway.pipeline.steps import ChatPipeline
 from gateway.ports import MessagesUpstream, Upstream
 
@@ -19,6 +20,11 @@ class Tenant:
     upstream: Upstream
     pipeline: ChatPipeline
     messages: MessagesUpstream | None = None  # the provider's native Messages API (Anthropic), if any
+    limiter: RateLimiter | None = None  # limits.requests_per_minute; None: no limit
+
+    def body_limit(self, server_limit: int) -> int:
+        own = self.config.limits.max_body_bytes
+        return server_limit if own is None else min(own, server_limit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from gateway.jobs.embed import EmbedHandler, IndexTarget
 from gateway.jobs.extract_memory import ExtractMemoryHandler, MemoryTarget
 from gateway.jobs.memory_profile import ProfileHandler
 from gateway.jobs.worker import JobHandler, WorkerPool
+from gateway.limits import RateLimiter
 from gateway.memory.agentic import OfferMemoryTool, ToolLoop
 from gateway.memory.conversation_search import ConversationSearch
 from gateway.memory.ports import MemoryStore, MemoryVectors
@@ -206,6 +207,11 @@ def build_upstream(tenant: TenantConfig) -> Upstream:
     from gateway.adapters.litellm_upstream import LiteLLMUpstream
 
     return LiteLLMUpstream(tenant.name, tenant.upstream)
+
+
+def rate_limiter(tenant: TenantConfig) -> RateLimiter | None:
+    limits = tenant.limits
+    return RateLimiter(limits.requests_per_minute, limits.burst) if limits.requests_per_minute else None
 
 
 def build_messages_upstream(tenant: TenantConfig) -> MessagesUpstream | None:
@@ -459,6 +465,7 @@ def build_deps(
                 HistoryMemo(memo_size) if memo_size else None,
             ),
             build_messages_upstream(t),
+            rate_limiter(t),
         )
         for t in config.tenants
     )

@@ -110,7 +110,15 @@ def upstream() -> Iterator[Upstream]:
 
 def tenant(name: str, base_url: str, **upstream: Any) -> dict[str, Any]:
     """A tenant config; tenant-level keys go to the tenant, the rest to its upstream."""
-    tenant_keys = ("context", "identity", "compaction", "retrieval", "memory", "store_conversations")
+    tenant_keys = (
+        "context",
+        "identity",
+        "compaction",
+        "retrieval",
+        "memory",
+        "store_conversations",
+        "limits",
+    )
     extra = {key: upstream.pop(key) for key in tenant_keys if key in upstream}
     # Memory is on by default; tests of other features leave it out unless they ask for it.
     extra.setdefault("memory", {"enabled": False})

@@ -146,7 +146,7 @@ async def _exchange(
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
     deps.counters.chat_requests += 1
-    parsed = await door.parse(await read_body(request, max_body_bytes))
+    parsed = await door.parse(await read_body(request, caller.tenant.body_limit(max_body_bytes)))
     call = ChatCall(
         request_id=request.scope["request_id"],
         tenant=caller.tenant.name,
@@ -329,7 +329,7 @@ async def count_message_tokens(request: Request, max_body_bytes: int) -> Respons
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
     try:
-        raw = await read_body(request, max_body_bytes)
+        raw = await read_body(request, caller.tenant.body_limit(max_body_bytes))
         parsed = door.parse_for_count(raw)
         if caller.tenant.messages is not None:
             headers = to_upstream(request.scope["headers"], chat=True)

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: a request id and start time for every request, and gateway-key auth on /v1."""
+"""Pure ASGI middleware: a request id and start time for every request, gateway-key auth and rate limits
+on /v1 and /api, and body limits."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, ClientError, PayloadTooLarge, RateLimited
 from gateway.http.errors import error_body
 from gateway.inbound import messages_out
+from gateway.limits import retry_after_header
 from gateway.tenants import TenantRegistry
 
 
@@ -38,7 +40,7 @@ class RequestContextMiddleware:
 
 class AuthMiddleware:
     """Resolves the caller of every /v1 and /api request from `Authorization: Bearer` (or `x-api-key`, as
-    Anthropic SDKs send it; or `X-Gateway-Key`)."""
+    Anthropic SDKs send it; or `X-Gateway-Key`), and holds the tenant to its rate limit."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -65,14 +67,67 @@ class AuthMiddleware:
                 raise AuthenticationFailed(
                     "The gateway's REST API needs a gateway key (Authorization or X-Gateway-Key)."
                 )
+            limiter = caller.tenant.limiter
+            if limiter is not None and (wait := limiter.take()) is not None:
+                raise RateLimited(
+                    f"Rate limit reached for tenant {caller.tenant.name!r}: "
+                    f"{caller.tenant.config.limits.requests_per_minute} requests a minute. "
+                    f"Try again in {wait:.1f} s.",
+                    wait,
+                )
             scope["caller"] = caller
-        except AuthenticationFailed as exc:
+        except ClientError as exc:
             if scope["path"].startswith("/v1/messages"):
                 body = messages_out.error_body(exc.status, exc.message)
             else:
                 body = error_body(exc.message, exc.error_type, None, exc.code)
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            if isinstance(exc, RateLimited):
+                headers.append((b"retry-after", retry_after_header(exc.retry_after)))
             await send({"type": "http.response.start", "status": exc.status, "headers": headers})
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Holds the REST API's and the dashboard's request bodies to the body limit (the caller's tenant's, or
+    `server.max_body_bytes`): a declared length over it is refused before anything is read, and a body
+    that runs over it while being read raises PayloadTooLarge (413). /v1 reads its bodies with the same
+    limit itself (`read_body`)."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        caller = scope.get("caller")
+        limit = self.max_body_bytes if caller is None else caller.tenant.body_limit(self.max_body_bytes)
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                exc = PayloadTooLarge(
+                    f"Request body of {value.decode()} bytes is over the gateway's limit of {limit} bytes."
+                )
+                body = error_body(exc.message, exc.error_type, None, exc.code)
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ]
+                await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        size = 0
+
+        async def limited() -> Message:
+            nonlocal size
+            message = await receive()
+            if message["type"] == "http.request":
+                size += len(message.get("body", b""))
+                if size > limit:
+                    raise PayloadTooLarge(f"Request body is over the gateway's limit of {limit} bytes.")
+            return message
+
+        await self.app(scope, limited, send)

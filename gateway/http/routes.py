@@ -83,7 +83,7 @@ class Endpoints:
         deps: Deps = request.state.deps
         caller: Caller = request.scope["caller"]
         path = request.url.path.removeprefix("/v1")
-        body = await read_body(request, self.max_body_bytes)
+        body = await read_body(request, caller.tenant.body_limit(self.max_body_bytes))
         sent = time.perf_counter()
         response = await caller.tenant.upstream.forward(
             request.method,
