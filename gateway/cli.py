@@ -338,6 +338,36 @@ def reindex(config_path: str | None, tenant: str, queue_only: bool, conversation
         click.echo("indexed: every branch's messages are searchable and embedded")
 
 
+@main.command()
+@CONFIG_OPTION
+@click.option("--tenant", default=None, help="One tenant (default: every tenant in the config).")
+def verify(config_path: str | None, tenant: str | None) -> None:
+    """Check what is stored: every conversation's tree (parents, depths, token counts, chain hashes,
+    counts), the index (each message once per view, vectors set) and the job queue. Exits 1 on a fault."""
+    from gateway import ops
+
+    def progress(name: str, done: int) -> None:
+        click.echo(f"{name}: {done} conversations checked", err=True)
+
+    try:
+        results = asyncio.run(ops.verify(_config(config_path), tenant, progress))
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from exc
+    faults = 0
+    for r in results:
+        jobs = ", ".join(f"{n} {status}" for status, n in sorted(r.jobs.items())) or "none"
+        click.echo(
+            f"{r.tenant}: {r.conversations} conversations, {r.messages} messages, {r.index_rows} index rows "
+            f"({r.rows_without_vector} without their vector yet); jobs: {jobs}"
+        )
+        for finding in r.findings:
+            click.echo(f"  FAULT {finding}")
+        faults += len(r.findings)
+    if faults:
+        raise click.ClickException(f"{faults} faults found")
+    click.echo("consistent" if all(r.settled for r in results) else "consistent (background work pending)")
+
+
 @main.group()
 def memories() -> None:
     """A user's long-term memories: list, export, delete (as the memory API does)."""

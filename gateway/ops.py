@@ -29,6 +29,7 @@ from gateway.records import (
     StoredMessage,
     compact_job,
 )
+from gateway.verify import Verified, verify_tenant
 from gateway.wiring import build_deps, retrieves
 
 
@@ -243,5 +244,30 @@ async def import_history(
             ids.append(call.state.conversation_id)
             progress(done)
         return ids
+    finally:
+        await deps.aclose()
+
+
+async def verify(
+    config: GatewayConfig, tenant: str | None, progress: Callable[[str, int], None] | None = None
+) -> list[Verified]:
+    """Check the stored trees, the index and the job queue of one tenant (or of every one)."""
+    names = [t.name for t in config.tenants]
+    if tenant is not None and tenant not in names:
+        raise LookupError(f"no tenant {tenant!r} in this config")
+    deps = build_deps(config)
+    try:
+        results = []
+        for name in [tenant] if tenant is not None else names:
+            target = deps.indexes.get(name)
+
+            def step(done: int, name: str = name) -> None:
+                if progress is not None:
+                    progress(name, done)
+
+            results.append(
+                await verify_tenant(name, deps.store, deps.jobs, target.index if target else None, step)
+            )
+        return results
     finally:
         await deps.aclose()

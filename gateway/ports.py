@@ -365,4 +365,9 @@ class VectorIndex(Protocol):
         """Remove the rows of one conversation, or of every conversation of one user."""
         ...
 
+    async def rows_of(self, tenant: str, conversation_id: str) -> list[tuple[str, bool]]:
+        """The row ids held for one conversation, each with whether its vector is set (one pair per row
+        stored: an id held twice shows twice). For checks of the store, not the request path."""
+        ...
+
     async def aclose(self) -> None: ...

@@ -268,6 +268,10 @@ class AppendRequest:
     external_id: str | None
     messages: tuple[NewMessage, ...]
     jobs: tuple[NewJob, ...] = ()  # enqueued in the same transaction as the messages
+    # Queue the jobs even when every message was stored already. An answer's jobs also cover the
+    # question its request stored earlier; a next turn sent before this answer was persisted (a fast
+    # client) stores the answer first, with jobs that do not reach back to that question.
+    jobs_even_if_stored: bool = False
 
 
 @dataclass(frozen=True, slots=True)

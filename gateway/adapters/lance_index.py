@@ -175,13 +175,18 @@ def _rows_table(rows: Sequence[IndexRow], target: pa.Schema, dimensions: int) ->
 
 def _vectors_table(tenant: str, vectors: dict[str, list[float]], dimensions: int) -> pa.Table:
     ids = list(vectors)
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.string()),
-            "tenant": pa.array([tenant] * len(ids), pa.string()),
-            "vector": _vector_array([vectors[i] for i in ids], dimensions),
-        }
-    )
+    columns = [
+        pa.array(ids, pa.string()),
+        pa.array([tenant] * len(ids), pa.string()),
+        _vector_array([vectors[i] for i in ids], dimensions),
+    ]
+    # The key is not nullable, as in the table (a primary key must not be).
+    fields = [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("tenant", pa.string(), nullable=False),
+        pa.field("vector", columns[2].type),
+    ]
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
 def _filter(query: SearchQuery) -> Expr:
@@ -317,7 +322,7 @@ class LanceIndex:
         searched conversations' vectors (0: every search goes to the table)."""
         name = table_name(table)
         ready = open_table(
-            uri, name, schema(dimensions), dimensions, _index_configs(),
+            uri, name, schema(dimensions), dimensions, _index_configs(), key=["id"],
             storage_options=storage_options, consistency=consistency, upgrade=_add_dated,
         )  # fmt: skip
         return cls(
@@ -547,6 +552,18 @@ class LanceIndex:
             for stale in [k for k, held in self._refreshing.items() if not held.locked() and k not in cache]:
                 del self._refreshing[stale]
         return entry
+
+    async def rows_of(self, tenant: str, conversation_id: str) -> list[tuple[str, bool]]:
+        where = (col("tenant") == lit(tenant)) & (col("conversation_id") == lit(conversation_id))
+
+        async def read(table: AsyncTable) -> list[tuple[str, bool]]:
+            # The vector itself is not read: only whether it is null.
+            result = (
+                await table.query().where(where).select({"id": "id", "set": "vector IS NOT NULL"}).to_arrow()
+            )
+            return list(zip(result.column("id").to_pylist(), result.column("set").to_pylist(), strict=True))
+
+        return await self._engine("rows_of", read)
 
     async def count(self, tenant: str) -> int:
         """Rows of one tenant (tests, the dashboard)."""

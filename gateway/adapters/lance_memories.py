@@ -47,6 +47,9 @@ _HIT_COLUMNS = ["id", "scope", "created_at"]
 # The row key. The tenant is part of it so that an upsert can never replace another tenant's row,
 # whatever ids it carries (memory ids are unique anyway; this makes isolation not depend on it).
 _KEY = ["id", "tenant"]
+# The declared primary key (see lance_table.open_table): one column only, as LanceDB allows; memory ids
+# are unique across tenants, so "id" alone is a key.
+_PRIMARY_KEY = ["id"]
 
 
 def schema(dimensions: int) -> pa.Schema:
@@ -155,7 +158,7 @@ class LanceMemoryVectors:
         URI (`s3://...`, with `storage_options`); `consistency` as for `LanceIndex.open`."""
         name = table_name(table)
         ready = open_table(
-            uri, name, schema(dimensions), dimensions, _index_configs(),
+            uri, name, schema(dimensions), dimensions, _index_configs(), key=_PRIMARY_KEY,
             storage_options=storage_options, consistency=consistency,
         )  # fmt: skip
         return cls(

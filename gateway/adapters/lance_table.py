@@ -4,7 +4,7 @@ indexes, the asyncio handle opened in the running loop, and the engine's errors 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import TypeVar
@@ -17,7 +17,7 @@ import pyarrow as pa
 from lancedb.expr import Expr
 from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.query import FullTextQuery
-from lancedb.table import AsyncTable, Table
+from lancedb.table import AsyncTable, LanceTable, Table
 
 from gateway.errors import SearchIndexError
 
@@ -38,6 +38,9 @@ ENGINE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+PRIMARY_KEY_METADATA = b"lance-schema:unenforced-primary-key:position"
+
+
 def missing_indexes(existing: Iterable[IndexConfig], wanted: IndexConfigs) -> IndexConfigs:
     indexed = {column for index in existing for column in index.columns}
     return {column: config for column, config in wanted.items() if column not in indexed}
@@ -50,13 +53,20 @@ def open_table(
     dimensions: int,
     indexes: IndexConfigs,
     *,
+    key: Sequence[str],
     storage_options: dict[str, str] | None,
     consistency: timedelta,
     upgrade: Callable[[Table], None] | None = None,
 ) -> bool:
     """Open (creating if missing) the table `name` under `uri`, check its vectors' size, `upgrade` an
-    older table (e.g. add a column) and build missing indexes. Returns whether the indexes are ready
-    (some engine versions refuse to index an empty table: the first write builds them then)."""
+    older table (e.g. add a column), declare `key` (the columns writes merge on) its primary key, and
+    build missing indexes. Returns whether the indexes are ready (some engine versions refuse to index an
+    empty table: the first write builds them then).
+
+    The declared key is what makes concurrent merge_inserts of the same new rows safe: without it two
+    writers (two job workers, two replicas) that both find an id absent both insert it, and the table
+    holds it twice (lance-format/lance#4585; seen here by `context-gateway verify`). With it the later
+    commit conflicts and is retried against the rows the first one wrote."""
     try:
         # Start-up only: the blocking API, since this may run inside or outside an event loop.
         db = lancedb.connect(uri, read_consistency_interval=consistency, storage_options=storage_options)
@@ -66,6 +76,12 @@ def open_table(
             table = db.create_table(name, schema=schema, exist_ok=True)
         if upgrade is not None:
             upgrade(table)
+        if not all(PRIMARY_KEY_METADATA in (table.schema.field(c).metadata or {}) for c in key):
+            if not isinstance(table, LanceTable):
+                raise SearchIndexError(
+                    f"index table {name!r}: this LanceDB table cannot declare a primary key"
+                )
+            table.set_unenforced_primary_key(list(key))
         found = table.schema.field("vector").type
         if not pa.types.is_fixed_size_list(found) or found.list_size != dimensions:
             raise SearchIndexError(f"index table {name!r} holds vectors of type {found}, not {dimensions}-d")

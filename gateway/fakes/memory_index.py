@@ -142,6 +142,13 @@ class MemoryIndex:
         scored.sort(key=lambda pair: pair[0], reverse=True)
         return [_hit(f.row, score) for score, f in scored[: query.limit]]
 
+    async def rows_of(self, tenant: str, conversation_id: str) -> list[tuple[str, bool]]:
+        return [
+            (f.row.id, f.unit is not None)
+            for f in self.rows.values()
+            if f.row.tenant == tenant and f.row.conversation_id == conversation_id
+        ]
+
     async def count(self, tenant: str) -> int:
         return sum(1 for f in self.rows.values() if f.row.tenant == tenant)
 

@@ -65,7 +65,9 @@ class PersistStep:
                 jobs = (compact_job(call.tenant, state.conversation_id, new.id, model),)
             if self.index:
                 jobs += (EmbedWork(state.conversation_id, new.id, state.appended + 1).job(call.tenant),)
-            answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (new,), jobs)
+            answer = AppendRequest(
+                call.tenant, state.conversation_id, state.user_id, None, (new,), jobs, state.appended > 0
+            )
         elif (
             self.index and state.appended and state.leaf_id is not None and state.conversation_id is not None
         ):

@@ -326,9 +326,10 @@ class SqlStore:
         ]
         # Two requests racing with the same new message store it once: the id is the chain hash.
         inserted = len(connection.execute(self._insert_messages, rows).all())
-        if inserted:
+        if inserted or request.jobs_even_if_stored:
             # The jobs are about these messages: when all of them were stored already (the same request
-            # sent again, a regenerated identical answer), they were queued then.
+            # sent again, a regenerated identical answer), they were queued then, unless the request
+            # says they reach back to messages of its own that no other job covers.
             enqueue_in(connection, request.jobs)
         params = {
             "conversation_id": conversation_id,
