@@ -63,6 +63,9 @@ class StorageConfig(_Frozen):
     history_memo_messages: int = Field(default=50_000, ge=0)
     # LanceDB location (vectors + full-text index): a directory or an object-store URI; None: data_dir/lancedb.
     index_uri: str | None = None
+    # Object-store settings for LanceDB when index_uri is s3://, gs://, az:// (e.g. aws_endpoint,
+    # allow_http, aws_region, keys from ${ENV}); empty: LanceDB reads them from the environment.
+    index_storage_options: dict[str, str] = Field(default_factory=dict)
     # Memory per process (and per embedding model) for searched conversations' vectors; 0: off.
     vector_cache_mb: int = Field(default=150, ge=0)
 
@@ -97,6 +100,9 @@ class JobsConfig(_Frozen):
     retry_base_seconds: float = Field(default=2.0, ge=0)
     retry_max_seconds: float = Field(default=300.0, ge=0)
     keep_done_seconds: float = Field(default=86_400.0, ge=0)
+    # A question whose answer was never stored (its process was killed mid-stream) is indexed this long
+    # after it arrived; an answer stored meanwhile indexes both and drops that job.
+    unanswered_index_seconds: float = Field(default=300.0, ge=0)
 
 
 HttpClient = Literal["httpx", "httpx-aiohttp", "aiohttp"]

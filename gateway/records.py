@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from gateway.ports import JSON, JSONObject
@@ -116,6 +116,21 @@ def compact_job(
 
 
 EMBED_MODES = ("all", "texts", "vectors")
+
+
+def unanswered_embed_job(
+    tenant: str, conversation_id: str | None, leaf_id: str, count: int, delay_seconds: float
+) -> NewJob:
+    """A request's new messages are indexed by the job its answer queues (question and answer in one
+    batch). So that a question whose request never completes (its process killed mid-stream) is indexed
+    all the same, the ingest queues this delayed job with the messages, in the same transaction; the
+    answer's persist drops it while it is still queued (`jobs.unanswered_index_seconds`)."""
+    job = EmbedWork(conversation_id, leaf_id, count).job(tenant)
+    return replace(job, key=unanswered_embed_key(leaf_id), delay_seconds=delay_seconds)
+
+
+def unanswered_embed_key(leaf_id: str) -> str:
+    return f"{EMBED}-unanswered:{leaf_id}"
 
 
 def embed_key_prefix(conversation_id: str) -> str:
@@ -272,6 +287,8 @@ class AppendRequest:
     # question its request stored earlier; a next turn sent before this answer was persisted (a fast
     # client) stores the answer first, with jobs that do not reach back to that question.
     jobs_even_if_stored: bool = False
+    # (kind, key) of queued jobs to drop in the same transaction (work this append makes redundant).
+    cancel_jobs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -260,12 +260,22 @@ def build_pipeline(
     jobs: JobQueue | None = None,
     memory: tuple[MemoryStore, MemoryTarget] | None = None,
     history_memo: HistoryMemo | None = None,
+    unanswered_index_seconds: float = 300.0,
 ) -> ChatPipeline:
     if not tenant.store_conversations:
         return ChatPipeline(counters)  # a pure proxy: nothing stored, nothing rewritten
     context = tenant.context
     coverage = context.budget_tokens if context.enabled else 0
-    prepare: list[PrepareStep] = [IngestStep(store, tokenizers, tenant.identity, coverage, history_memo)]
+    prepare: list[PrepareStep] = [
+        IngestStep(
+            store,
+            tokenizers,
+            tenant.identity,
+            coverage,
+            history_memo,
+            unanswered_index_seconds if index is not None else None,
+        )
+    ]
     policy = None
     if memory is not None:
         prepare.append(MemoryScopeStep(tenant.memory))
@@ -385,6 +395,7 @@ def build_indexes(config: GatewayConfig, embedders: Embedders) -> dict[str, Inde
                 config.storage.index_location,
                 table,
                 embedder.dimensions,
+                storage_options=config.storage.index_storage_options or None,
                 cache_rows=config.storage.vector_cache_mb * 2**20 // (4 * embedder.dimensions),
             )
         targets[tenant.name] = IndexTarget(embedder, indexes[table], tenant.retrieval.index_batch_messages)
@@ -410,7 +421,12 @@ def build_memory(
         embedder = embedders.for_tenant(tenant)
         table = memory_table(embedder.model)
         if table not in tables:
-            tables[table] = LanceMemoryVectors.open(config.storage.index_location, table, embedder.dimensions)
+            tables[table] = LanceMemoryVectors.open(
+                config.storage.index_location,
+                table,
+                embedder.dimensions,
+                storage_options=config.storage.index_storage_options or None,
+            )
         targets[tenant.name] = MemoryTarget(upstreams[tenant.name], tenant.memory, embedder, tables[table])
     return targets
 
@@ -463,6 +479,7 @@ def build_deps(
                 sql.jobs,
                 (memories, memory[t.name]) if t.name in memory else None,
                 HistoryMemo(memo_size) if memo_size else None,
+                config.jobs.unanswered_index_seconds,
             ),
             build_messages_upstream(t),
             rate_limiter(t),

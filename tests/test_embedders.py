@@ -203,7 +203,9 @@ def test_onnx_inference_leaves_the_event_loop_free() -> None:
 
     elapsed, worst_gap = run(scenario)
     assert elapsed > 0.2  # one batch of 64 long texts: long enough that blocking the loop would show
-    assert worst_gap < min(0.1, elapsed / 2)
+    # Blocked, the loop would miss one gap as long as the whole batch; a busy machine (other processes on
+    # both cores) stretches gaps to a tenth of a second or two, so the bound is a share of the batch.
+    assert worst_gap < elapsed / 4
 
 
 def test_onnx_load_failures_are_embedding_errors(tmp_path: Path) -> None:

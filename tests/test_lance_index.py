@@ -844,3 +844,23 @@ def test_a_compaction_keeps_cached_copies_exact_unless_another_writer_added_rows
         assert ids((await cached.search(near)).semantic) == ["n0", "x", "n1", "n2", "n3"]
 
     run(scenario())
+
+
+def test_concurrent_adds_of_the_same_new_rows_store_each_once(tmp_path: Path) -> None:
+    """Two job workers of one process indexing overlapping messages at once, after the table has been
+    optimised (its `id` index built): each row once (they were stored twice, found by verify)."""
+    index = LanceIndex.open(str(tmp_path / "lancedb"), "messages_race", DIMS, optimize_every_writes=1000)
+
+    async def scenario() -> list[tuple[str, bool]]:
+        await index.add([row("seed", "seed text", vector=unit(1, 0, 0, 0))])
+        await index.optimize()
+        for round_ in range(5):
+            rows = [row(f"n{round_}-{i}", f"text {i}", vector=unit(1, i, 0, 0)) for i in range(4)]
+            await asyncio.gather(index.add(rows), index.add(rows), index.add(rows[:2]))
+        return await index.rows_of("acme", "c1")
+
+    held = run(scenario())
+    run(index.aclose())
+    ids_held = [row_id for row_id, _ in held]
+    assert len(ids_held) == 21 and len(set(ids_held)) == 21
+    assert all(has_vector for _, has_vector in held)

@@ -301,6 +301,12 @@ class LanceIndex:
         self._cache = VectorCache(cache_rows) if cache_rows > 0 else None
         self._refreshing: dict[Key, anyio.Lock] = {}
         self._too_big: set[Key] = set()
+        # One merge at a time in this process. The declared primary key makes concurrent merges of the
+        # same new ids conflict (and retry) only while the engine records the inserted keys, which it
+        # stops doing once `id` has its scalar index (after the first optimize; lance-format/lance#9238):
+        # two job workers of one process could then both insert a row. Replicas can still race that
+        # way (rare: two of them indexing the same messages at once); `context-gateway verify` finds it.
+        self._writing = anyio.Lock()
 
     @classmethod
     def open(
@@ -371,7 +377,8 @@ class LanceIndex:
                 return -1  # the indexes made versions of their own
             return int(merged.version)
 
-        version = await self._engine("add", insert)
+        async with self._writing:
+            version = await self._engine("add", insert)
         if self._cache is not None and version > 0:
             self._cache_added(data, version)
         await self._wrote(data.num_rows)
@@ -403,7 +410,8 @@ class LanceIndex:
                 .execute(data, on_bad_vectors="null")
             )
 
-        await self._engine("set_vectors", update)
+        async with self._writing:
+            await self._engine("set_vectors", update)
         await self._wrote(data.num_rows)
 
     async def delete(

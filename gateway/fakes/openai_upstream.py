@@ -91,6 +91,11 @@ class FakeUpstream:
         with self._lock:
             self._memory_script.extend(replies)
 
+    def summary_requests(self) -> list[Received]:
+        """The gateway's summarisation calls received (each recorded as it arrives)."""
+        with self._lock:
+            return [r for r in self.received if summarisation_answer(r.body) is not None]
+
     def memory_requests(self) -> list[Received]:
         with self._lock:
             return [r for r in self.received if is_memory_call(r.body)]

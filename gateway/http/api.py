@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import InvalidRequest, NotFound
+from gateway.pipeline.identify import bounded_id
 from gateway.pipeline.validate import parse_json_object
 from gateway.records import Conversation, StoredMessage, compact_job
 from gateway.tenants import Caller
@@ -48,7 +49,7 @@ def _int_param(request: Request, name: str, default: int, upper: int) -> int:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) > upper:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > upper:  # "²" is a digit to isdigit()
         raise InvalidRequest(f"'{name}' must be a whole number from 0 to {upper}.", param=name)
     return int(raw)
 
@@ -72,7 +73,9 @@ def conversation_filter(params: Mapping[str, str]) -> ConversationFilter:
             if len(raw) == 10:
                 day = date.fromisoformat(raw)
                 start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-                return start + timedelta(days=1) if end else start
+                if end:  # the whole day; the last one there is runs to the end of time
+                    return start + timedelta(days=1) if day < date.max else datetime.max.replace(tzinfo=UTC)
+                return start
             value = datetime.fromisoformat(raw)
         except ValueError:
             raise InvalidRequest(
@@ -111,7 +114,7 @@ async def list_conversations(request: Request) -> Response:
         caller.tenant.name,
         limit=_int_param(request, "limit", 50, MAX_LIMIT),
         offset=_int_param(request, "offset", 0, 10**9),
-        user_id=request.query_params.get("user_id"),
+        user_id=bounded_id(request.query_params.get("user_id")),  # as chat requests store it
         text=where.text,
         since=where.since,
         until=where.until,
@@ -188,7 +191,7 @@ async def delete_conversation(request: Request) -> Response:
 async def delete_user(request: Request) -> Response:
     deps: Deps = request.state.deps
     caller: Caller = request.scope["caller"]
-    user_id = request.path_params["user_id"]
+    user_id = str(bounded_id(request.path_params["user_id"]))
     conversations, memories = await deps.delete_user(caller.tenant.name, user_id)
     return _json(
         {

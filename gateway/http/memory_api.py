@@ -40,7 +40,7 @@ from gateway.memory.records import (
     Profile,
 )
 from gateway.memory.service import MemoryService
-from gateway.pipeline.identify import bounded_id
+from gateway.pipeline.identify import bounded_id, header_text
 from gateway.pipeline.validate import parse_json_object
 from gateway.records import profile_job
 from gateway.tenants import Caller, Tenant
@@ -120,7 +120,7 @@ def _service(request: Request) -> tuple[MemoryService, str]:
 def _user(request: Request) -> str:
     user = (
         request.path_params.get("user_id")
-        or request.headers.get("x-user-id", "").strip()
+        or header_text(request.headers.get("x-user-id", "").strip())
         or request.query_params.get("user_id")
     )
     if not user:
@@ -266,7 +266,7 @@ async def _memory(request: Request) -> tuple[MemoryService, Memory]:
     (`X-User-Id`, `?user_id=`), only one of theirs."""
     service, tenant = _service(request)
     memory = await service.store.get(tenant, request.path_params["id"])
-    named = request.headers.get("x-user-id", "").strip() or request.query_params.get("user_id")
+    named = header_text(request.headers.get("x-user-id", "").strip()) or request.query_params.get("user_id")
     if memory is not None and named and memory.user_id != bounded_id(named):
         memory = None
     if memory is None:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 
 import orjson
 
+from gateway.errors import InvalidRequest
 from gateway.ports import JSON, JSONObject
 
 HASH_BYTES = 16
@@ -43,8 +44,12 @@ def _content(value: JSON) -> JSON:
     return _clean(value)
 
 
+# orjson reads 1,024 levels of nesting and writes 254: arguments that may nest deeper stay a string.
+_MAX_BRACKETS = 200
+
+
 def _arguments(value: JSON) -> JSON:
-    if isinstance(value, str) and value[:1] == "{":
+    if isinstance(value, str) and value[:1] == "{" and value.count("{") + value.count("[") <= _MAX_BRACKETS:
         try:
             parsed: JSON = orjson.loads(value)
             return parsed
@@ -73,6 +78,7 @@ def _tool_calls(value: JSON) -> JSON:
     return calls
 
 
+STORABLE_DEPTH = 254
 _PLAIN_KEYS = frozenset({"role", "content"})
 
 
@@ -104,8 +110,17 @@ def root_hash(*scope: str) -> bytes:
     return hashlib.sha256("\x1f".join(scope).encode()).digest()[:HASH_BYTES]
 
 
-def chain_hashes(root: bytes, messages: Iterable[JSONObject]) -> Iterator[bytes]:
+def chain_hashes(root: bytes, messages: Iterable[JSONObject], first_index: int = 0) -> Iterator[bytes]:
+    """The chain's hashes; `first_index` is the first message's place in the request (for errors)."""
     previous = root
-    for message in messages:
-        previous = hashlib.sha256(previous + canonical(message)).digest()[:HASH_BYTES]
+    for n, message in enumerate(messages):
+        try:
+            form = canonical(message)
+        except orjson.JSONEncodeError as exc:  # nested deeper than JSON can be written back (254 levels)
+            raise InvalidRequest(
+                f"messages[{first_index + n}] nests its content deeper than the {STORABLE_DEPTH} levels "
+                f"the gateway can store: {exc}",
+                param=f"messages[{first_index + n}]",
+            ) from exc
+        previous = hashlib.sha256(previous + form).digest()[:HASH_BYTES]
         yield previous

@@ -30,6 +30,17 @@ class Identity:
 MAX_ID_CHARS = 200  # the store's id columns; longer client ids are replaced by their digest
 
 
+def header_text(value: str) -> str:
+    """Header values arrive decoded as latin-1 (HTTP's bytes as they came); a client that sent UTF-8
+    (a non-ASCII id) means the text those bytes spell, as the same id in the body would be."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
+
+
 def bounded_id(value: str | None) -> str | None:
     """A client's id as the store can keep it: longer ones, and ones holding a NUL character (which
     Postgres's text columns refuse), are replaced by their digest, the same for the same id."""
@@ -42,7 +53,7 @@ def _first(headers: dict[str, str], names: tuple[str, ...]) -> str | None:
     for name in names:
         value = headers.get(name, "").strip()
         if value:
-            return value
+            return header_text(value)
     return None
 
 

@@ -22,7 +22,7 @@ from gateway.pipeline.canonical import chain_hashes, root_hash
 from gateway.pipeline.history_memo import HistoryMemo, Seen
 from gateway.pipeline.identify import Identity, explicit_identity
 from gateway.ports import ChatPayload, JSONObject, MessageStore, Tokenizer, Tokenizers
-from gateway.records import AppendRequest, NewMessage, StoredNode
+from gateway.records import AppendRequest, NewMessage, StoredNode, unanswered_embed_job
 from gateway.tracing import spanned
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -65,6 +65,9 @@ class IngestStep:
     coverage_tokens: int = 0
     # The messages each conversation sent last: a resent history is hashed only where it is new.
     memo: HistoryMemo | None = None
+    # With retrieval on: new messages get an embed job this many seconds later in case their answer is
+    # never persisted (`unanswered_embed_job`); None: retrieval is off.
+    unanswered_index_seconds: float | None = None
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
         try:
@@ -90,10 +93,10 @@ class IngestStep:
         state.history_tokens = sum(item.tokens or 0 for item in state.items)
         with spanned(call.trace, "identify") as span:
             root = chain_root(call.tenant, ident.conversation_id, ident.user_id)
-            key, seen, shared = self._recall(root, chain)
+            key, seen, shared = self._recall(root, chain, leading)
             hashes = list(seen.hashes[:shared]) if seen is not None else []
             start = bytes.fromhex(hashes[-1]) if hashes else root
-            hashes += [h.hex() for h in chain_hashes(start, chain[shared:])]
+            hashes += [h.hex() for h in chain_hashes(start, chain[shared:], leading + shared)]
 
             tail = max(len(hashes) - TAIL, 0)
             lookup = await self.store.lookup(call.tenant, hashes[tail:], ident.conversation_id)
@@ -119,7 +122,7 @@ class IngestStep:
         if at_root and self.identity.thin_mode and thin_parent is not None:
             parent = await self._thin(call, state, thin_parent)
             if parent is not None:
-                hashes = [h.hex() for h in chain_hashes(bytes.fromhex(parent.id), chain)]
+                hashes = [h.hex() for h in chain_hashes(bytes.fromhex(parent.id), chain, leading)]
                 new, depth, base_tokens = chain, parent.depth + 1, parent.path_tokens
                 # The branch point decides: new messages join the conversation their parent is in.
                 conversation_id = parent.conversation_id
@@ -198,11 +201,13 @@ class IngestStep:
             known = start
         return known
 
-    def _recall(self, root: bytes, chain: list[JSONObject]) -> tuple[str | None, Seen | None, int]:
+    def _recall(
+        self, root: bytes, chain: list[JSONObject], leading: int
+    ) -> tuple[str | None, Seen | None, int]:
         """The memo's key for this chain, what it last saw there and how much of it this chain shares."""
         if self.memo is None or not chain:
             return None, None, 0
-        key = next(chain_hashes(root, chain[:1])).hex()
+        key = next(chain_hashes(root, chain[:1], leading)).hex()
         seen, shared = self.memo.recall(key, chain)
         return key, seen, shared
 
@@ -221,9 +226,15 @@ class IngestStep:
                 for m in appended
             ]
         if appended or (conversation_id is None and ident.conversation_id is not None):
+            delay = self.unanswered_index_seconds
+            jobs = (
+                (unanswered_embed_job(call.tenant, conversation_id, appended[-1].id, len(appended), delay),)
+                if delay is not None and appended
+                else ()
+            )
             conversation_id = await self.store.append(
                 AppendRequest(
-                    call.tenant, conversation_id, ident.user_id, ident.conversation_id, tuple(appended)
+                    call.tenant, conversation_id, ident.user_id, ident.conversation_id, tuple(appended), jobs
                 )
             )
         state.conversation_id = conversation_id

@@ -16,6 +16,7 @@ from gateway.pipeline.canonical import chain_hashes
 from gateway.pipeline.compaction import CompactionPolicy
 from gateway.ports import JSONObject, MessageStore, Tokenizers
 from gateway.records import (
+    EMBED,
     TITLE_EVERY_MESSAGES,
     AppendRequest,
     EmbedWork,
@@ -25,6 +26,7 @@ from gateway.records import (
     RequestRecord,
     compact_job,
     title_job,
+    unanswered_embed_key,
 )
 
 
@@ -46,6 +48,12 @@ class PersistStep:
         answer = None
         jobs: tuple[NewJob, ...] = ()
         message = _answer_message(outcome)
+        # The ingest's fallback job for this request's new messages: the jobs queued here cover them.
+        cancel = (
+            ((EMBED, unanswered_embed_key(state.leaf_id)),)
+            if self.index and state.appended and state.leaf_id is not None
+            else ()
+        )
         if message is not None and state.leaf_id is not None and state.conversation_id is not None:
             tokenizer = self.tokenizers.for_model(str(model))
             node_id = next(chain_hashes(bytes.fromhex(state.leaf_id), [message])).hex()
@@ -66,14 +74,23 @@ class PersistStep:
             if self.index:
                 jobs += (EmbedWork(state.conversation_id, new.id, state.appended + 1).job(call.tenant),)
             answer = AppendRequest(
-                call.tenant, state.conversation_id, state.user_id, None, (new,), jobs, state.appended > 0
+                call.tenant,
+                state.conversation_id,
+                state.user_id,
+                None,
+                (new,),
+                jobs,
+                state.appended > 0,
+                cancel,
             )
         elif (
             self.index and state.appended and state.leaf_id is not None and state.conversation_id is not None
         ):
             # No answer (the upstream failed): the question is indexed all the same, in the same transaction.
             jobs = (EmbedWork(state.conversation_id, state.leaf_id, state.appended).job(call.tenant),)
-            answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (), jobs)
+            answer = AppendRequest(
+                call.tenant, state.conversation_id, state.user_id, None, (), jobs, True, cancel
+            )
         learn = self._memory_job(call)
         if learn is not None and state.conversation_id is not None:
             if answer is None:

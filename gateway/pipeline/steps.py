@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
+from gateway.errors import ClientError
 from gateway.metrics import Counters
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.ports import ChatPayload
@@ -45,6 +46,8 @@ class ChatPipeline:
             try:
                 with spanned(call.trace, _span_name(step)):
                     payload = await step(call, payload)
+            except ClientError:
+                raise  # the request itself is wrong (e.g. nested deeper than can be stored): said, not forwarded
             # Fail open by design (design.md §2): memory failing must never fail the user's request.
             except Exception:
                 self._counters.fail_open += 1
@@ -59,7 +62,15 @@ class ChatPipeline:
                     await step(call, outcome)
             except Exception:
                 self._counters.complete_errors += 1
-                log.exception("complete step %r failed for request %s", step, call.request_id)
+                # What was dropped, said exactly: this step's writes for this request (persist: the answer,
+                # the request record and their jobs; a client that resends the history stores the
+                # messages with its next request).
+                log.exception(
+                    "complete step %r failed for request %s (conversation %s): its writes are dropped",
+                    step,
+                    call.request_id,
+                    call.state.conversation_id,
+                )
 
 
 def _span_name(step: object) -> str:

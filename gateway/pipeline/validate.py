@@ -35,7 +35,7 @@ def parse_chat_request(raw: bytes) -> JSONObject:
         if not isinstance(message, dict):
             raise InvalidRequest(f"messages[{index}] must be an object.", param=f"messages[{index}]")
         role = message.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise InvalidRequest(
                 f"messages[{index}].role must be one of {', '.join(sorted(_ROLES))}; got {role!r}.",
                 param=f"messages[{index}].role",

@@ -208,6 +208,17 @@ def enqueue_in(connection: Connection, jobs: Sequence[NewJob]) -> list[str | Non
     return [row["id"] if row["id"] in inserted else None for row in rows]
 
 
+def cancel_in(connection: Connection, tenant: str, jobs: Sequence[tuple[str, str]]) -> int:
+    """Drop queued (not running) jobs by kind and key inside the caller's transaction; returns how many."""
+    dropped = 0
+    for kind, key in jobs:
+        statement = delete(_JOBS).where(
+            _JOBS.c.tenant == tenant, _JOBS.c.kind == kind, _JOBS.c.key == key, _JOBS.c.status == "queued"
+        )
+        dropped += connection.execute(statement).rowcount
+    return dropped
+
+
 class SqlJobQueue:
     """`JobQueue` over SQLite or Postgres. Blocking database work runs on worker threads."""
 

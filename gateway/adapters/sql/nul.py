@@ -27,6 +27,11 @@ def unpack(data: Any) -> Any:
     return data
 
 
+def escape(text: str) -> str:
+    """A text as it is stored inside a packed message (to search the stored JSON for it)."""
+    return _escape(text)
+
+
 def _escape(text: str) -> str:
     return text.replace(ESC, ESC + ESC).replace("\x00", ESC + "0")
 

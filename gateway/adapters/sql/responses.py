@@ -11,6 +11,7 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import SQLModel
 
+from gateway.adapters.sql import nul
 from gateway.adapters.sql.store import HOLD_CONVERSATION
 from gateway.adapters.sql.tables import ResponseRow
 from gateway.errors import StoreError
@@ -37,7 +38,7 @@ class SqlResponseStore:
             "tenant": response.tenant,
             "conversation_id": response.conversation_id,
             "answer_message_id": response.answer_message_id,
-            "body": response.body,
+            "body": nul.pack(response.body),  # jsonb holds no U+0000 (see nul)
             "created_at": response.created_at,
         }
 
@@ -52,6 +53,8 @@ class SqlResponseStore:
         await self._run(run)
 
     async def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
+        if "\x00" in response_id:
+            return None  # no id holds one (and Postgres refuses it in a query)
         query = sa_select(_RESPONSES).where(_RESPONSES.c.tenant == tenant, _RESPONSES.c.id == response_id)
 
         def run() -> StoredResponse | None:
@@ -64,13 +67,15 @@ class SqlResponseStore:
                 tenant=row["tenant"],
                 conversation_id=row["conversation_id"],
                 answer_message_id=row["answer_message_id"],
-                body=row["body"],
+                body=nul.unpack(row["body"]),
                 created_at=row["created_at"],
             )
 
         return await self._run(run)
 
     async def delete_response(self, tenant: str, response_id: str) -> bool:
+        if "\x00" in response_id:
+            return False
         statement = delete(_RESPONSES).where(_RESPONSES.c.tenant == tenant, _RESPONSES.c.id == response_id)
 
         def run() -> bool:

@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 from sqlmodel import SQLModel, col, select
 
 from gateway.adapters.sql import nul
-from gateway.adapters.sql.jobs import SqlJobQueue, enqueue_in
+from gateway.adapters.sql.jobs import SqlJobQueue, cancel_in, enqueue_in
 from gateway.adapters.sql.migrations import migrate
 from gateway.adapters.sql.tables import (
     CompactionCursorRow,
@@ -250,6 +250,8 @@ class SqlStore:
     async def path(
         self, tenant: str, node_id: str, newest_tokens: int | None = None, newest_messages: int | None = None
     ) -> list[StoredMessage]:
+        if "\x00" in node_id:
+            return []  # no id holds a NUL (and Postgres refuses one in a query)
         return await self._run(partial(self._path, tenant, node_id, newest_tokens, newest_messages))
 
     def _path(
@@ -305,6 +307,8 @@ class SqlStore:
             held = {"held_id": conversation_id, "held_tenant": request.tenant}
             if connection.execute(HOLD_CONVERSATION, held).rowcount == 0:
                 raise ConversationDeleted(f"conversation {conversation_id} was deleted")
+        if request.cancel_jobs:
+            cancel_in(connection, request.tenant, request.cancel_jobs)
         if not request.messages:
             enqueue_in(connection, request.jobs)
             return conversation_id
@@ -384,8 +388,10 @@ class SqlStore:
             if until is not None:
                 query = query.where(col(ConversationRow.updated_at) < until)
             if text:
+                # A message holding a NUL is stored with it escaped (nul.pack): search for that form.
+                needle = nul.escape(text) if "\x00" in text else text
                 # A substring of the stored JSON (the message text; quotes and newlines are escaped there).
-                pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+                pattern = "%" + needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
                 holds = (
                     sa_select(col(MessageRow.id))
                     .where(
@@ -403,6 +409,9 @@ class SqlStore:
         return await self._run(run)
 
     async def get_conversation(self, tenant: str, conversation_id: str) -> Conversation | None:
+        if "\x00" in conversation_id:
+            return None
+
         def run() -> Conversation | None:
             with Session(self.engine) as session:
                 row = session.get(ConversationRow, conversation_id)
@@ -411,6 +420,9 @@ class SqlStore:
         return await self._run(run)
 
     async def conversation_messages(self, tenant: str, conversation_id: str) -> list[StoredMessage]:
+        if "\x00" in conversation_id:
+            return []
+
         def run() -> list[StoredMessage]:
             query = (
                 sa_select(*_MESSAGE_COLUMNS)
@@ -423,6 +435,9 @@ class SqlStore:
         return await self._run(run)
 
     async def get_request(self, tenant: str, request_id: str) -> RequestRecord | None:
+        if "\x00" in request_id:
+            return None
+
         def run() -> RequestRecord | None:
             with Session(self.engine) as session:
                 row = session.get(RequestRow, request_id)
@@ -449,6 +464,8 @@ class SqlStore:
     ) -> list[str]:
         if conversation_id is None and user_id is None:
             raise ValueError("give conversation_id or user_id")
+        if "\x00" in (conversation_id or "") + (user_id or ""):
+            return []  # stored ids hold none (a user id with one is stored as its digest: bounded_id)
 
         def run() -> list[str]:
             # Rows locked first (Postgres): an answer being stored meanwhile either commits before (and
@@ -518,12 +535,18 @@ def _forget_sent_context(connection: Connection, tenant: str, user_id: str) -> i
     return int(done.rowcount)
 
 
+MODEL_CHARS = 200  # requests.model
+
+
 def _record_fields(record: RequestRecord) -> dict[str, object]:
     fields: dict[str, object] = {name: getattr(record, name) for name in RequestRecord.__dataclass_fields__}
     for name in ("model", "error"):  # client- and provider-written text: Postgres refuses U+0000 in it
         value = fields[name]
         if isinstance(value, str) and "\x00" in value:
             fields[name] = value.replace("\x00", "\ufffd")
+    model = fields["model"]
+    if isinstance(model, str) and len(model) > MODEL_CHARS:  # the column's size: the rest is dropped, said so
+        fields["model"] = model[: MODEL_CHARS - 1] + "\u2026"
     for name in ("report", "usage"):
         value = fields[name]
         if isinstance(value, dict):
