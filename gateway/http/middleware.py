@@ -15,6 +15,15 @@ from gateway.limits import retry_after_header
 from gateway.tenants import TenantRegistry
 
 
+async def _send_error(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """An error answered by the middleware itself, before any route runs."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
 class RequestContextMiddleware:
     """Stamps `request_id` and `started` (perf_counter) into the scope, and the id onto the response."""
 
@@ -81,11 +90,12 @@ class AuthMiddleware:
                 body = messages_out.error_body(exc.status, exc.message)
             else:
                 body = error_body(exc.message, exc.error_type, None, exc.code)
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-            if isinstance(exc, RateLimited):
-                headers.append((b"retry-after", retry_after_header(exc.retry_after)))
-            await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            extra = (
+                [(b"retry-after", retry_after_header(exc.retry_after))]
+                if isinstance(exc, RateLimited)
+                else []
+            )
+            await _send_error(send, exc.status, body, extra)
             return
         await self.app(scope, receive, send)
 
@@ -111,13 +121,7 @@ class BodyLimitMiddleware:
                 exc = PayloadTooLarge(
                     f"Request body of {value.decode()} bytes is over the gateway's limit of {limit} bytes."
                 )
-                body = error_body(exc.message, exc.error_type, None, exc.code)
-                headers = [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ]
-                await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
+                await _send_error(send, exc.status, error_body(exc.message, exc.error_type, None, exc.code))
                 return
         size = 0
 
