@@ -61,6 +61,9 @@ class StorageConfig(_Frozen):
     # Messages each process keeps of the histories its conversations last sent (a resent history is then
     # hashed only where it is new); 0: off.
     history_memo_messages: int = Field(default=50_000, ge=0)
+    # Bytes each process keeps, per tenant, of the large chat bodies its conversations last sent (a
+    # resent history is then parsed only where it is new); 0: off.
+    body_memo_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     # LanceDB location (vectors + full-text index): a directory or an object-store URI; None: data_dir/lancedb.
     index_uri: str | None = None
     # Object-store settings for LanceDB when index_uri is s3://, gs://, az:// (e.g. aws_endpoint,

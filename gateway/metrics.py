@@ -12,6 +12,7 @@ class Counters:
     fail_open: int = 0
     complete_errors: int = 0
     client_disconnects: int = 0
+    body_messages_reused: int = 0  # messages of resent bodies not parsed again (storage.body_memo_bytes)
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from gateway.config import TenantConfig
 from gateway.errors import AuthenticationFailed
 from gateway.limits import RateLimiter
+from gateway.pipeline.body_memo import BodyMemo
 from gateway.pipeline.steps import ChatPipeline
 from gateway.ports import MessagesUpstream, Upstream
 
@@ -21,6 +22,7 @@ class Tenant:
     pipeline: ChatPipeline
     messages: MessagesUpstream | None = None  # the provider's native Messages API (Anthropic), if any
     limiter: RateLimiter | None = None  # limits.requests_per_minute; None: no limit
+    bodies: BodyMemo | None = None  # storage.body_memo_bytes: recent large chat bodies, not parsed twice
 
     def body_limit(self, server_limit: int) -> int:
         own = self.config.limits.max_body_bytes

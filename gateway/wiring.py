@@ -27,6 +27,7 @@ from gateway.memory.scope import MemoryScopeStep, incognito
 from gateway.memory.section import MemorySection
 from gateway.memory.service import MemoryService
 from gateway.metrics import Counters
+from gateway.pipeline.body_memo import BodyMemo
 from gateway.pipeline.call import ChatCall
 from gateway.pipeline.compaction import CompactionPolicy
 from gateway.pipeline.context.builder import ContextBuilder
@@ -483,6 +484,7 @@ def build_deps(
             ),
             build_messages_upstream(t),
             rate_limiter(t),
+            BodyMemo(config.storage.body_memo_bytes, counters) if config.storage.body_memo_bytes else None,
         )
         for t in config.tenants
     )

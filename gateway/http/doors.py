@@ -30,6 +30,7 @@ from gateway.inbound.messages_out import MessagesStream, message_from_chat
 from gateway.inbound.responses_native import NativeResponsesRelay, to_responses
 from gateway.inbound.responses_native import outcome_of as native_outcome
 from gateway.inbound.responses_out import ResponsesStream, Shell, response_from_chat
+from gateway.pipeline.body_memo import BodyMemo
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.forward import StreamRelay, StreamTranslator, buffered_outcome, with_stream_usage
 from gateway.pipeline.identify import PARENT_HEADER
@@ -160,8 +161,12 @@ class ChatDoor(_ChatUpstream):
 
     route = "/v1/chat/completions"
 
+    def __init__(self, bodies: BodyMemo | None = None) -> None:
+        super().__init__()
+        self._bodies = bodies
+
     async def parse(self, raw: bytes) -> Parsed:
-        return Parsed(parse_chat_request(raw), raw)
+        return Parsed(parse_chat_request(raw, self._bodies), raw)
 
     def upstream_headers(self, headers: Headers) -> Headers:
         return headers

@@ -43,7 +43,8 @@ class Endpoints:
         self.max_body_bytes = max_body_bytes
 
     async def chat_completions(self, request: Request) -> Response | RelayResponse:
-        return await exchange(request, ChatDoor(), self.max_body_bytes)
+        caller: Caller = request.scope["caller"]
+        return await exchange(request, ChatDoor(caller.tenant.bodies), self.max_body_bytes)
 
     async def messages(self, request: Request) -> Response | RelayResponse:
         caller: Caller = request.scope["caller"]

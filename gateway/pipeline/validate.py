@@ -5,14 +5,15 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import InvalidRequest
+from gateway.pipeline.body_memo import BodyMemo
 from gateway.ports import JSONObject
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
-def parse_json_object(raw: bytes) -> JSONObject:
+def parse_json_object(raw: bytes, memo: BodyMemo | None = None) -> JSONObject:
     try:
-        data = orjson.loads(raw)
+        data = orjson.loads(raw) if memo is None else memo.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {exc}", code="invalid_json"
@@ -22,9 +23,10 @@ def parse_json_object(raw: bytes) -> JSONObject:
     return data
 
 
-def parse_chat_request(raw: bytes) -> JSONObject:
-    """Check only what the gateway relies on; every other field goes upstream untouched."""
-    body = parse_json_object(raw)
+def parse_chat_request(raw: bytes, memo: BodyMemo | None = None) -> JSONObject:
+    """Check only what the gateway relies on; every other field goes upstream untouched. With a memo,
+    the history a resent body shares with an earlier one is not parsed again (body_memo.py)."""
+    body = parse_json_object(raw, memo)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a non-empty string.", param="model")
