@@ -1,4 +1,5 @@
-"""create_app(config, deps) -> Starlette: middleware, routes, and a lifespan that owns the resources."""
+"""create_app(config, deps) -> the ASGI app: middleware, routes, the chat doors' lane, and a lifespan
+that owns the resources."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.types import ASGIApp
 
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.http.errors import handle_gateway_error, handle_http_exception
+from gateway.http.lanes import Lanes
 from gateway.http.middleware import AuthMiddleware, BodyLimitMiddleware, RequestContextMiddleware
-from gateway.http.routes import routes
+from gateway.http.routes import Endpoints, doors, routes
 from gateway.wiring import Deps, build_deps
 
 
-def create_app(config: GatewayConfig, deps: Deps | None = None) -> Starlette:
+def create_app(config: GatewayConfig, deps: Deps | None = None) -> ASGIApp:
     """Build the ASGI app. Without `deps`, the lifespan builds them from `config` and closes them."""
 
     @asynccontextmanager
@@ -32,8 +35,9 @@ def create_app(config: GatewayConfig, deps: Deps | None = None) -> Starlette:
             if owned:
                 await resources.aclose()
 
-    return Starlette(
-        routes=routes(config.server.max_body_bytes, config.server.dashboard_secret, config.server.admin_key),
+    endpoints = Endpoints(config.server.max_body_bytes)
+    app = Starlette(
+        routes=routes(endpoints, config.server.dashboard_secret, config.server.admin_key),
         middleware=[
             Middleware(RequestContextMiddleware),
             Middleware(AuthMiddleware),
@@ -42,3 +46,4 @@ def create_app(config: GatewayConfig, deps: Deps | None = None) -> Starlette:
         exception_handlers={GatewayError: handle_gateway_error, HTTPException: handle_http_exception},
         lifespan=lifespan,
     )
+    return Lanes(app, doors(endpoints))  # the chat doors' POSTs past the router (lanes.py)

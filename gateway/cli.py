@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from starlette.types import ASGIApp
 
 from gateway.config import GatewayConfig, load_config, parse_config
 from gateway.errors import ConfigError
@@ -61,7 +62,14 @@ def main() -> None:
 )
 @click.option("--host", default=None, help="Interface to bind (default: server.host, 127.0.0.1).")
 @click.option("--port", default=None, type=int, help="Port (default: server.port, 8080).")
-def serve(config_path: str | None, host: str | None, port: int | None) -> None:
+@click.option(
+    "--workers",
+    default=1,
+    type=click.IntRange(1, 64),
+    help="Processes serving the port (default 1): each with its own caches and job workers, all on the "
+    "same database and index. BENCHMARKS.md says when more help.",
+)
+def serve(config_path: str | None, host: str | None, port: int | None, workers: int) -> None:
     """Run the gateway."""
     import uvicorn
 
@@ -82,18 +90,32 @@ def serve(config_path: str | None, host: str | None, port: int | None) -> None:
     _raise_open_file_limit(config)
     if not (config_path or os.environ.get("GATEWAY_CONFIG")):
         click.echo("No --config given: forwarding to OpenAI with each client's own API key.", err=True)
-    uvicorn.run(
-        create_app(config),
-        host=host or config.server.host,
-        port=port or config.server.port,
-        log_level=config.server.log_level,
-        log_config=None,  # uvicorn's own loggers go through the gateway's handler (text or json)
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-        timeout_graceful_shutdown=config.server.shutdown_grace_seconds,
-        timeout_keep_alive=config.server.keep_alive_seconds,
-    )
+    options: dict[str, Any] = {
+        "host": host or config.server.host,
+        "port": port or config.server.port,
+        "log_level": config.server.log_level,
+        "log_config": None,  # uvicorn's own loggers go through the gateway's handler (text or json)
+        "access_log": False,
+        "loop": "uvloop",
+        "http": "httptools",
+        "timeout_graceful_shutdown": config.server.shutdown_grace_seconds,
+        "timeout_keep_alive": config.server.keep_alive_seconds,
+    }
+    if workers == 1:
+        uvicorn.run(create_app(config), **options)
+        return
+    if config_path:  # each worker process reads the same file (worker_app)
+        os.environ["GATEWAY_CONFIG"] = str(Path(config_path).resolve())
+    uvicorn.run("gateway.cli:worker_app", factory=True, workers=workers, **options)
+
+
+def worker_app() -> ASGIApp:
+    """The app of each `serve --workers N` process, built from $GATEWAY_CONFIG (or the defaults)."""
+    from gateway.app import create_app
+
+    config = resolve_config(None)
+    configure_logging(config.server.log_level, config.server.log_format)
+    return create_app(config)
 
 
 def _raise_open_file_limit(config: GatewayConfig) -> None:

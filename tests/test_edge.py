@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
+from gateway.config import parse_config
+from gateway.fakes.server import BackgroundServer
+from gateway.http.lanes import Lanes
+from gateway.tenants import Tenant, TenantRegistry
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant
 
 AUTH = {"Authorization": f"Bearer {GATEWAY_KEY}"}
@@ -96,3 +105,40 @@ def test_an_error_answer_carries_its_request_id_once(gateway: Gateway) -> None:
     )
     assert response.status_code == 404
     assert len(response.headers.get_list("x-gateway-request-id")) == 1
+
+
+def test_a_door_that_fails_unexpectedly_answers_500_in_openai_shape() -> None:
+    """The doors' own lane (gateway/http/lanes.py) does what Starlette's outer layer did for the routes:
+    an unexpected error is a 500 in OpenAI's shape with the request id, or, once the answer has begun,
+    a connection closed early; other methods and paths still go through the router."""
+
+    async def fails(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("a bug")
+
+    async def fails_midway(scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+        )
+        await send({"type": "http.response.body", "body": b"partial", "more_body": True})
+        raise RuntimeError("a bug after the first bytes")
+
+    config = parse_config({"tenants": [tenant("acme", "http://127.0.0.1:9/v1", api_keys=[GATEWAY_KEY])]}, {})
+    registry = TenantRegistry([Tenant("acme", config.tenants[0], None, None)])  # type: ignore[arg-type]
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        yield {"deps": SimpleNamespace(tenants=registry)}
+
+    routed = Starlette(
+        routes=[Route("/v1/door", lambda request: PlainTextResponse("routed"), methods=["GET"])],
+        lifespan=lifespan,
+    )
+    app = Lanes(routed, {"/v1/door": fails, "/v1/midway": fails_midway})
+    with BackgroundServer(app) as server:
+        failed = httpx.post(f"{server.url}/v1/door", headers=AUTH)
+        assert_error(failed, 500, type="server_error")
+        assert len(failed.headers["x-gateway-request-id"]) == 32
+        assert_error(httpx.post(f"{server.url}/v1/door"), 401)  # the lane authenticates as the router did
+        assert httpx.get(f"{server.url}/v1/door").text == "routed"
+        with pytest.raises(httpx.RemoteProtocolError):
+            httpx.post(f"{server.url}/v1/midway", headers=AUTH)

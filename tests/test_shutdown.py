@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -23,7 +24,9 @@ from gateway.fakes.openai_upstream import Reply
 from tests.conftest import GATEWAY_KEY, Upstream, tenant
 
 
-def start_gateway(tmp_path: Path, upstream: Upstream, grace: float = 30) -> tuple[subprocess.Popen[str], int]:
+def start_gateway(
+    tmp_path: Path, upstream: Upstream, grace: float = 30, workers: int = 1
+) -> tuple[subprocess.Popen[str], int]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
@@ -37,6 +40,7 @@ def start_gateway(tmp_path: Path, upstream: Upstream, grace: float = 30) -> tupl
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     argv = [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)]
+    argv += ["--workers", str(workers)]
     process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while True:
@@ -141,3 +145,35 @@ def test_an_idle_client_connection_outlives_the_sdks_pool_expiry(tmp_path: Path,
     finally:
         process.terminate()
         process.communicate(timeout=30)
+
+
+def test_several_worker_processes_serve_one_port_and_share_the_store(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    """`serve --workers 2`: two processes answer on the port, a conversation continued across them is
+    one conversation, and SIGTERM stops them all."""
+    process, port = start_gateway(tmp_path, upstream, workers=2)
+    try:
+        answered_by: set[int] = set()
+        for _ in range(200):  # a new connection each time: the kernel hands each to a waiting process
+            answered_by.add(httpx.get(f"http://127.0.0.1:{port}/healthz").json()["process"])
+            if len(answered_by) == 2:
+                break
+        assert len(answered_by) == 2, answered_by
+        messages: list[Any] = [{"role": "user", "content": "Turn one."}]
+        for turn in range(6):  # each request on a new connection, so on either process
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=GATEWAY_KEY, max_retries=0)
+            reply = client.chat.completions.create(model="gpt-4o", messages=messages)
+            messages += [
+                {"role": "assistant", "content": reply.choices[0].message.content},
+                {"role": "user", "content": f"Turn {turn + 2}."},
+            ]
+            client.close()
+        listed = httpx.get(
+            f"http://127.0.0.1:{port}/api/conversations", headers={"Authorization": f"Bearer {GATEWAY_KEY}"}
+        ).json()["data"]
+        assert len(listed) == 1 and listed[0]["message_count"] == 12
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    assert process.returncode == 0

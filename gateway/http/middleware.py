@@ -15,13 +15,21 @@ from gateway.limits import retry_after_header
 from gateway.tenants import TenantRegistry
 
 
-async def _send_error(
+async def send_error(
     send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     """An error answered by the middleware itself, before any route runs."""
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": [*headers, *(extra or [])]})
     await send({"type": "http.response.body", "body": body})
+
+
+def stamp(scope: Scope) -> tuple[bytes, bytes]:
+    """Puts `started` (perf_counter) and a new `request_id` into the scope; returns the id's header."""
+    scope["started"] = time.perf_counter()
+    request_id = uuid.uuid4().hex
+    scope["request_id"] = request_id
+    return (b"x-gateway-request-id", request_id.encode())
 
 
 class RequestContextMiddleware:
@@ -34,10 +42,7 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        scope["started"] = time.perf_counter()
-        request_id = uuid.uuid4().hex
-        scope["request_id"] = request_id
-        header = (b"x-gateway-request-id", request_id.encode())
+        header = stamp(scope)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -95,7 +100,7 @@ class AuthMiddleware:
                 if isinstance(exc, RateLimited)
                 else []
             )
-            await _send_error(send, exc.status, body, extra)
+            await send_error(send, exc.status, body, extra)
             return
         await self.app(scope, receive, send)
 
@@ -121,7 +126,7 @@ class BodyLimitMiddleware:
                 exc = PayloadTooLarge(
                     f"Request body of {value.decode()} bytes is over the gateway's limit of {limit} bytes."
                 )
-                await _send_error(send, exc.status, error_body(exc.message, exc.error_type, None, exc.code))
+                await send_error(send, exc.status, error_body(exc.message, exc.error_type, None, exc.code))
                 return
         size = 0
 

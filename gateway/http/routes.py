@@ -4,6 +4,7 @@ else under /v1 passed straight through."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -121,6 +122,7 @@ class Endpoints:
         deps: Deps = request.state.deps
         body = {
             "status": "ok",
+            "process": os.getpid(),  # which of `serve --workers N` answered
             "counters": deps.counters.snapshot(),
             "jobs": await deps.job_counts(),
             "indexing": await deps.indexing(),
@@ -143,18 +145,28 @@ class _Asgi:
         await response(scope, receive, send)
 
 
+def doors(endpoints: Endpoints) -> dict[str, ASGIApp]:
+    """The front doors by path, for POST: served by their own lane (lanes.py), and routed too (so that
+    another method is answered 405 as on every route)."""
+    return {
+        "/v1/chat/completions": _Asgi(endpoints.chat_completions),
+        "/v1/messages": _Asgi(endpoints.messages),
+        "/v1/responses": _Asgi(endpoints.responses),
+    }
+
+
 def routes(
-    max_body_bytes: int, dashboard_secret: str | None = None, admin_key: str | None = None
+    endpoints: Endpoints, dashboard_secret: str | None = None, admin_key: str | None = None
 ) -> list[BaseRoute]:
-    endpoints = Endpoints(max_body_bytes)
+    door = doors(endpoints)
     return [
         *dashboard_routes(dashboard_secret, admin_key),
         *memory_routes(),
         *api_routes(),
-        Route("/v1/chat/completions", _Asgi(endpoints.chat_completions), methods=["POST"]),
-        Route("/v1/messages", _Asgi(endpoints.messages), methods=["POST"]),
+        Route("/v1/chat/completions", door["/v1/chat/completions"], methods=["POST"]),
+        Route("/v1/messages", door["/v1/messages"], methods=["POST"]),
         Route("/v1/messages/count_tokens", _Asgi(endpoints.count_tokens), methods=["POST"]),
-        Route("/v1/responses", _Asgi(endpoints.responses), methods=["POST"]),
+        Route("/v1/responses", door["/v1/responses"], methods=["POST"]),
         Route("/v1/responses/{response_id}", endpoints.stored_response, methods=["GET", "DELETE"]),
         Route("/v1/{path:path}", _Asgi(endpoints.passthrough), methods=_ALL_METHODS),
         Route("/healthz", endpoints.healthz, methods=["GET"]),
