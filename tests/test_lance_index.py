@@ -645,6 +645,43 @@ def test_writes_trigger_compaction(tmp_path: Path) -> None:
     assert all(i.num_unindexed_rows == 0 for i in table.list_indices())
 
 
+def unindexed(uri: str, name: str) -> int:
+    table = lancedb.connect(uri).open_table(name)
+    return max(i.num_unindexed_rows for i in table.list_indices())
+
+
+def test_a_compaction_put_off_by_the_throttle_runs_without_another_write(tmp_path: Path) -> None:
+    """Rows left out of the full-text index make every keyword search scan them: a burst of writes
+    that ends while compaction is throttled must still end up indexed."""
+    uri = str(tmp_path / "db")
+    index = LanceIndex.open(uri, "later", DIMS, optimize_every_writes=2)
+
+    async def scenario() -> None:
+        for i in range(2):
+            await index.add([row(f"a{i}", f"first {i}")])  # the second write compacts
+        for i in range(2):
+            await index.add([row(f"b{i}", f"second {i}")])  # due again at once: throttled, put off
+        assert unindexed(uri, "later") > 0
+        deadline = time.monotonic() + 60
+        while unindexed(uri, "later") > 0:
+            assert time.monotonic() < deadline, "the put-off compaction never ran"
+            await asyncio.sleep(0.1)
+        await index.aclose()
+
+    run(scenario())
+
+
+def test_a_process_compacts_at_its_first_write_what_an_earlier_one_left_unindexed(tmp_path: Path) -> None:
+    uri = str(tmp_path / "db")
+    bulk = LanceIndex.open(uri, "left", DIMS, optimize_every_writes=1_000, optimize_every_rows=100_000)
+    run(bulk.add([row("first", "indexes are made with the first write")]))
+    run(bulk.add([row(f"n{i}", f"imported note {i}") for i in range(1_200)]))
+    assert unindexed(uri, "left") >= 1_200
+    later = LanceIndex.open(uri, "left", DIMS, optimize_every_writes=1_000, optimize_every_rows=100_000)
+    run(later.add([row("next", "the next process's first write")]))
+    assert unindexed(uri, "left") == 0
+
+
 def test_engine_failures_become_search_index_errors(tmp_path: Path) -> None:
     uri = str(tmp_path / "db")
     index = LanceIndex.open(uri, "gone", DIMS)
