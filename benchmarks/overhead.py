@@ -1,31 +1,54 @@
-"""Pass-through overhead of the gateway, measured side by side against the same fake upstream called directly.
+"""Pass-through overhead of the gateway, measured side by side against the same fake upstream called directly,
+against the least a proxy can do (two floors) and against a peer (LiteLLM proxy).
 
-    python benchmarks/overhead.py              # full run, 5-7 minutes
-    python benchmarks/overhead.py --quick      # smoke run, under a minute
+    python benchmarks/overhead.py              # full run, 10-15 minutes (estimated)
+    python benchmarks/overhead.py --quick      # smoke run, a few minutes
     python benchmarks/overhead.py --gateway-ref HEAD   # measure a commit's gateway/ (git archive), not the
                                                        # working tree
+    python benchmarks/overhead.py --quick --targets aiohttp,floor,relay   # some targets only (and direct)
+    python benchmarks/overhead.py --no-litellm          # without the LiteLLM peer
+    python benchmarks/overhead.py --fake starlette      # the starlette fake upstream instead of the fast one
 
 Processes, all on 127.0.0.1:
-  * the fake OpenAI-compatible upstream, `benchmarks/fake_upstream_server.py` (uvicorn + uvloop + httptools,
-    record=False);
+  * the fake OpenAI-compatible upstream. By default `benchmarks/fast_fake_upstream.py`: raw asyncio (uvloop)
+    + httptools, the same chat-completion JSON and SSE frames as `gateway/fakes/openai_upstream.py`'s
+    FakeUpstream, built once per distinct request body; it also paces phase 4's streams
+    (`metadata.bench_chunk_delay`). The starlette fake (`benchmarks/fake_upstream_server.py`, uvicorn +
+    uvloop + httptools, record=False) tops out near 4,700 req/s here, which would cap the floors; `--fake
+    starlette` brings it back;
   * one gateway per upstream client, started through the real CLI
     (`python -m gateway serve --config <yaml> --port <p>`) with `upstream.http_client: httpx`,
-    `httpx-aiohttp` and `aiohttp`, all pointing at that fake, and one more aiohttp gateway per other front
+    `httpx-aiohttp` and `aiohttp`, all pointing at that fake, as a pure pass-through
+    (`store_conversations: false`, `context.enabled: false`), and one more aiohttp gateway per other front
     door (`/v1/messages`, `/v1/responses`: the same request converted both ways), for phases 1 and 2;
+  * "aiohttp defaults": one more aiohttp gateway with the tenant's defaults (storage and context on), for
+    phases 1-3;
+  * "stack floor", `benchmarks/floor_proxy.py`: the least a proxy on our stack can do: uvicorn (uvloop,
+    httptools), a raw ASGI app, an aiohttp ClientSession upstream, no JSON parsing;
+  * "bare relay", `benchmarks/bare_relay.py`: the physical floor: raw asyncio (uvloop) + httptools, one
+    upstream keep-alive connection per client connection, the bytes relayed as they arrive, no ASGI;
+  * "litellm 1.108.7": the LiteLLM proxy as a plain pass-through to the same fake (one model, no database,
+    no callbacks, its master key = the gateway key), from a virtualenv of its own that this script creates
+    once under benchmarks/results/ (git-ignored; `pip install "litellm[proxy]==1.108.7"`). If the install
+    or the start fails the target is skipped, with the reason printed; `--no-litellm` skips it;
   * this process, the load generator: raw keep-alive HTTP/1.1 connections with pre-built request bytes and
     the httptools parser (`benchmarks/loadgen.py`), and `wrk` (C, epoll) for throughput when installed.
 
 Phases:
-  1. latency at 1 connection, non-stream: direct and through each gateway, requests interleaved
+  1. latency at 1 connection, non-stream: direct and through each target, requests interleaved
      round-robin (rotating order) so that every target sees the same machine state;
   2. time to first token (first SSE body bytes) of streams at 1 connection, interleaved the same way;
   3. 32 keep-alive connections: req/s and latency, in short slices rotated across targets (background
      load on a shared machine then hits all targets alike), with the CPU each process used per request;
-  4. simultaneous paced streams through each gateway (20 SSE chunks + [DONE], `--chunk-delay` apart):
-     every frame of every stream is checked for loss, duplication, order and cross-talk.
-The CPU used by processes that are not part of the benchmark is measured in every phase and reported:
-on a shared 2-core machine it is the main source of noise. Results: a table on stdout and
-benchmarks/results/overhead.json.
+  4. simultaneous paced streams through each pass-through gateway (20 SSE chunks + [DONE],
+     `--chunk-delay` apart): every frame of every stream is checked for loss, duplication, order and
+     cross-talk.
+Every phase reports the CPU each target process used per request (for "direct": the fake's). The CPU
+used by processes that are not part of the benchmark is measured in every phase and reported: on a
+shared 2-core machine it is the main source of noise. The closing table has one row per target (added
+latency, added TTFT, req/s at 32 connections, CPU per request) and the ratios of the aiohttp pass-through
+to the stack floor, issue 16's goals: within 1.5x of the floor's added p50 and p99, and at least the
+floor's req/s / 1.5. Results: the tables on stdout and benchmarks/results/overhead.json.
 """
 
 from __future__ import annotations
@@ -68,6 +91,26 @@ CLIENTS = ("httpx", "httpx-aiohttp", "aiohttp")
 DEFAULT_CLIENT = "aiohttp"  # the default of upstream.http_client in gateway/config.py
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
+DEFAULTS = "aiohttp defaults"  # an aiohttp gateway with the tenant's defaults: storage and context on
+STACK_FLOOR = "stack floor"  # benchmarks/floor_proxy.py
+BARE_RELAY = "bare relay"  # benchmarks/bare_relay.py
+LITELLM_VERSION = "1.108.7"
+LITELLM = f"litellm {LITELLM_VERSION}"
+LITELLM_VENV = HERE / "results" / f"litellm-{LITELLM_VERSION}-venv"  # git-ignored (benchmarks/results/)
+LITELLM_INSTALL_LOG = HERE / "results" / f"litellm-{LITELLM_VERSION}-install.log"
+# --targets: short names of the targets besides "direct" (always measured: every row is relative to it)
+TARGET_KEYS = {
+    "httpx": "httpx",
+    "httpx-aiohttp": "httpx-aiohttp",
+    "aiohttp": "aiohttp",
+    "defaults": DEFAULTS,
+    "floor": STACK_FLOOR,
+    "relay": BARE_RELAY,
+    "litellm": LITELLM,
+    "messages": "aiohttp /v1/messages",
+    "responses": "aiohttp /v1/responses",
+}
+
 GOALS = {  # design.md §11
     "added_p50_ms": 0.5,
     "added_p99_ms": 2.0,
@@ -75,6 +118,9 @@ GOALS = {  # design.md §11
     "rps_32": 2000.0,
     "streams_zero_loss": 1000,
     "door_ratio": 1.2,  # issue 13: a front door's added latency / the chat path's, same gateway, same run
+    # issue 16: the aiohttp pass-through's added p50 and p99 / the stack floor's, and the floor's req/s at
+    # 32 connections / the pass-through's
+    "floor_ratio": 1.5,
 }
 
 
@@ -111,7 +157,7 @@ class Settings:
                 chunk_delay=args.chunk_delay or 0.5,
                 stream_clients=(DEFAULT_CLIENT,),
                 settle_seconds=1.0,
-                phase_seconds=6.0,
+                phase_seconds=15.0,  # phases 1 and 2, after warm-up: ~300 rounds with LiteLLM's ~20 ms in each
             )
         return Settings(
             quick=False,
@@ -147,10 +193,27 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """user + system CPU time of a live process, from /proc/<pid>/stat."""
+    """user + system CPU time of a live process, from /proc/<pid>/stat (in clock ticks: 10 ms)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+HAS_SCHEDSTAT = Path("/proc/self/schedstat").exists()
+
+
+def precise_cpu_seconds(pid: int) -> float:
+    """CPU time of a live process to the nanosecond: the sum over its threads of /proc/<pid>/task/<tid>/
+    schedstat's time on CPU (clock ticks would be too coarse for the few thousand requests of a phase at 1
+    connection: 100 us a request, 10 ms a tick). A thread that exits takes its time with it: the processes
+    measured keep their worker threads. Falls back to /proc/<pid>/stat without schedstat."""
+    if not HAS_SCHEDSTAT:
+        return cpu_seconds(pid)
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that just exited
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 @dataclass
@@ -170,8 +233,10 @@ class Children:
 
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
-    def start(self, name: str, port: int, argv: list[str], workdir: Path) -> Child:
-        log = workdir / f"{name}.log"
+    def start(
+        self, name: str, port: int, argv: list[str], workdir: Path, env: dict[str, str] | None = None
+    ) -> Child:
+        log = workdir / f"{re.sub(r'[^A-Za-z0-9.-]+', '-', name)}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 argv,
@@ -179,11 +244,20 @@ class Children:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=workdir,
-                env=self.env,
+                env=self.env if env is None else env,
             )
         child = Child(name, port, proc, log)
         self.items.append(child)
         return child
+
+    def stop_one(self, child: Child) -> None:
+        if child.alive():
+            child.proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=10)
+        if child.alive():
+            child.proc.kill()
+            child.proc.wait(timeout=5)
 
     def stop(self) -> None:
         for child in self.items:
@@ -209,6 +283,123 @@ def wait_ready(child: Child, path: str, timeout: float = 60.0) -> None:
                 return
         time.sleep(0.1)
     raise TimeoutError(f"{child.name} not ready on {url} after {timeout:.0f}s")
+
+
+def post_ok(port: int, key: str, body: dict[str, Any]) -> str | None:
+    """One chat completion through a freshly started target: None when it answers 200, else why not."""
+    request = urllib.request.Request(
+        f"http://{HOST}:{port}/v1/chat/completions",
+        data=orjson.dumps(body),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
+            return None if response.status == 200 else f"HTTP {response.status}"
+    except OSError as exc:  # urllib's HTTPError is an OSError
+        return f"{type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------------------------------------------- the LiteLLM peer
+
+LITELLM_CONFIG = """# LiteLLM proxy as a plain pass-through to the benchmark's fake upstream: one model, no database
+# (no DATABASE_URL), no callbacks, its master key = the benchmark's gateway key
+model_list:
+  - model_name: fake-model
+    litellm_params:
+      model: openai/fake-model
+      api_base: http://{host}:{port}/v1
+      api_key: {upstream_key}
+general_settings:
+  master_key: {master_key}
+"""
+
+
+def litellm_env() -> dict[str, str]:
+    """The environment of LiteLLM's own virtualenv: nothing of ours on its path, no database."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "DATABASE_URL", "LITELLM_MASTER_KEY")
+    }
+    env["PATH"] = os.pathsep.join([str(LITELLM_VENV / "bin"), env.get("PATH", "/usr/bin:/bin")])
+    return env
+
+
+def litellm_executable() -> tuple[Path | None, str]:
+    """The `litellm` CLI of benchmarks/results/litellm-<version>-venv, created (once) when missing:
+    (path, how it was found), or (None, why it cannot be had)."""
+    exe = LITELLM_VENV / "bin" / "litellm"
+    venv_python = LITELLM_VENV / "bin" / "python"
+    probe = [str(venv_python), "-c", "from importlib.metadata import version; print(version('litellm'))"]
+
+    def installed() -> bool:
+        if not exe.exists() or not venv_python.exists():
+            return False
+        done = subprocess.run(
+            probe, capture_output=True, text=True, timeout=120, check=False, env=litellm_env()
+        )
+        return done.returncode == 0 and done.stdout.strip() == LITELLM_VERSION
+
+    if installed():
+        return exe, f"cached in {LITELLM_VENV.relative_to(HERE.parent)}"
+    ignored = subprocess.run(
+        ["git", "-C", str(HERE.parent), "check-ignore", "-q", str(LITELLM_VENV)],
+        capture_output=True,
+        check=False,
+    )
+    if ignored.returncode != 0:
+        return None, f"{LITELLM_VENV} is not git-ignored: not creating a virtualenv there"
+    print(
+        f"installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_VENV.relative_to(HERE.parent)}"
+        f" (once; log: {LITELLM_INSTALL_LOG.relative_to(HERE.parent)}) ...",
+        flush=True,
+    )
+    shutil.rmtree(LITELLM_VENV, ignore_errors=True)
+    LITELLM_VENV.parent.mkdir(parents=True, exist_ok=True)
+    steps = (
+        [sys.executable, "-m", "venv", str(LITELLM_VENV)],
+        [str(venv_python), "-m", "pip", "install", f"litellm[proxy]=={LITELLM_VERSION}"],
+    )
+    with LITELLM_INSTALL_LOG.open("wb") as log:
+        for argv in steps:
+            try:
+                done = subprocess.run(
+                    argv, stdout=log, stderr=subprocess.STDOUT, timeout=1800, check=False, env=litellm_env()
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                return None, f"`{' '.join(argv[-3:])}` failed: {exc}"
+            if done.returncode != 0:
+                log.flush()
+                tail = LITELLM_INSTALL_LOG.read_text(errors="replace").strip().splitlines()[-3:]
+                return None, f"`{' '.join(argv[-3:])}` exited {done.returncode}: {' | '.join(tail)}"
+    if not installed():
+        return None, f"installed, but {venv_python} does not report litellm {LITELLM_VERSION}"
+    return exe, "installed"
+
+
+def start_litellm(children: Children, exe: Path, fake_port: int, workdir: Path) -> Child:
+    config = workdir / "litellm.yaml"
+    config.write_text(
+        LITELLM_CONFIG.format(host=HOST, port=fake_port, upstream_key=UPSTREAM_KEY, master_key=GATEWAY_KEY)
+    )
+    env = litellm_env()
+    # the model cost map from the package, not fetched; WARNING as the gateways' log_level (uvicorn's access
+    # log, one line per request, is off at that level)
+    env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "WARNING"}
+    port = free_port()
+    argv = [
+        str(exe),
+        "--config",
+        str(config),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--keepalive_timeout",
+        "75",
+    ]
+    return children.start(LITELLM, port, argv, workdir, env=env)
 
 
 def gateway_config(
@@ -314,7 +505,8 @@ class CpuSample:
     busy: float
     steal: float
     mine: float  # this process and its reaped children (wrk)
-    pids: dict[str, float]
+    pids: dict[str, float]  # per thread, to the nanosecond (precise_cpu_seconds)
+    ticks: dict[str, float] = field(default_factory=dict)  # per process, dead threads included (cpu_seconds)
 
 
 class CpuMeter:
@@ -322,24 +514,41 @@ class CpuMeter:
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
+        self.last: dict[str, tuple[float, float]] = dict.fromkeys(pids, (0.0, 0.0))
+
+    def cpu(self, name: str) -> tuple[float, float]:
+        with contextlib.suppress(OSError, ValueError, IndexError):  # a process that died keeps its last value
+            pid = self.pids[name]
+            self.last[name] = (precise_cpu_seconds(pid), cpu_seconds(pid))
+        return self.last[name]
 
     def sample(self) -> CpuSample:
         me = resource.getrusage(resource.RUSAGE_SELF)
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
         busy, steal = _proc_stat()
+        cpu = {name: self.cpu(name) for name in self.pids}
         return CpuSample(
             wall=perf(),
             busy=busy,
             steal=steal,
             mine=me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
-            pids={name: cpu_seconds(pid) for name, pid in self.pids.items()},
+            pids={name: v[0] for name, v in cpu.items()},
+            ticks={name: v[1] for name, v in cpu.items()},
         )
+
+    @staticmethod
+    def process_used(a: CpuSample, b: CpuSample, name: str) -> float:
+        """The per-thread count, unless threads that exited in between took more than two clock ticks
+        with them: then the process-wide count."""
+        precise = b.pids[name] - a.pids[name]
+        ticks = b.ticks.get(name, 0.0) - a.ticks.get(name, 0.0)
+        return ticks if ticks - precise > 2 / CLK_TCK else precise
 
     @staticmethod
     def used(a: CpuSample, b: CpuSample) -> dict[str, float]:
         """CPU seconds per process between two samples; `others` = machine busy minus ours."""
         out = {"load_generator": b.mine - a.mine}
-        out.update({name: b.pids[name] - a.pids[name] for name in a.pids})
+        out.update({name: CpuMeter.process_used(a, b, name) for name in a.pids})
         out["others"] = max(0.0, (b.busy - a.busy) - sum(out.values()))
         out["steal"] = b.steal - a.steal
         out["wall"] = b.wall - a.wall
@@ -451,13 +660,16 @@ async def interleaved(
     first: dict[str, list[float]] = {t.name: [] for t in targets}
     self_reported: dict[str, list[float]] = {t.name: [] for t in targets}
     errors = dict.fromkeys(total, 0)
-    guard = asyncio.ensure_future(watchdog(conns, budget + 30))
+    guard = asyncio.ensure_future(watchdog(conns, 2 * budget + 60))
     before: CpuSample | None = None
-    stop_at = perf() + budget  # a slow gateway gets fewer samples rather than a longer run
+    # a slow target gets fewer samples (every target the same number) rather than a longer run; the time
+    # counts from the end of the warm-up, which a slow target (LiteLLM: ~20 ms a request) makes long too
+    stop_at = float("inf")
     try:
         for i in range(warmup + count):
             if i == warmup:
                 before = meter.sample()
+                stop_at = perf() + budget
             elif i > warmup and perf() > stop_at:
                 break
             # rotate the order so that no target always goes first (or right after another one)
@@ -496,6 +708,15 @@ async def interleaved(
         if target.name in used and total[target.name]:
             row["gateway_cpu_us_per_request"] = round(used[target.name] / len(total[target.name]) * 1e6)
         out[target.name] = row
+    # CPU per request of each target's own process; for "direct", the fake's, over every request it served
+    # in the phase (each target's request reaches it once)
+    served = sum(len(total[t.name]) for t in targets)
+    for target in targets:
+        process, requests = (
+            ("fake-upstream", served) if target.name == "direct" else (target.name, len(total[target.name]))
+        )
+        if process in used and requests:
+            out[target.name]["cpu_us_per_request"] = round(used[process] / requests * 1e6)
     key = "ttft" if stream else "total"
     direct = out["direct"][key]
     for target in targets[1:]:
@@ -858,11 +1079,60 @@ def machine() -> dict[str, Any]:
     }
 
 
+def combined(results: dict[str, Any]) -> dict[str, Any]:
+    """One row per target: what phases 1-3 measured of it, with the CPU its own process used per request
+    (for "direct": the fake's)."""
+    seq, ttft, conc = results["latency_1conn"], results["ttft_1conn"], results["concurrency"]
+    primary = conc[conc["primary"]]
+    rows: dict[str, Any] = {}
+    for name in results["targets"] + results.get("door_targets", []):
+        lat, first, at32 = seq[name], ttft[name], primary.get(name)
+        added, ttft_added = lat.get("added", {}), first.get("added", {})
+        process = "fake-upstream" if name == "direct" else name
+        rows[name] = {
+            "p50_ms": lat["total"]["p50_ms"],
+            "added_p50_ms": added.get("p50_ms"),
+            "added_p99_ms": added.get("p99_ms"),
+            "ttft_p50_ms": first["ttft"]["p50_ms"],
+            "ttft_added_p50_ms": ttft_added.get("p50_ms"),
+            "ttft_added_p99_ms": ttft_added.get("p99_ms"),
+            "rps_32": at32["rps"] if at32 else None,
+            "cpu_us_per_request_1conn": lat.get("cpu_us_per_request"),
+            "cpu_us_per_request_32": at32["cpu_us_per_request"].get(process) if at32 else None,
+            "errors": lat["errors"] + first["errors"] + (at32["errors"] if at32 else 0),
+        }
+    return {"generator": conc["primary"], "connections": results["settings"]["connections"], "rows": rows}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b is not None and b > 0 else None
+
+
+def floor_ratios(rows: dict[str, Any], gateway: str = DEFAULT_CLIENT) -> dict[str, Any]:
+    """The pass-through gateway against each floor: added latency gateway / floor, req/s floor / gateway
+    (so that every ratio is "how many times worse"; None where the floor's figure is not positive)."""
+    out: dict[str, Any] = {}
+    if gateway not in rows:
+        return out
+    mine = rows[gateway]
+    for floor in (STACK_FLOOR, BARE_RELAY):
+        if floor not in rows:
+            continue
+        theirs = rows[floor]
+        out[floor] = {
+            "gateway": gateway,
+            "added_p50": _ratio(mine["added_p50_ms"], theirs["added_p50_ms"]),
+            "added_p99": _ratio(mine["added_p99_ms"], theirs["added_p99_ms"]),
+            "rps_32_floor_over_gateway": _ratio(theirs["rps_32"], mine["rps_32"]),
+        }
+    return out
+
+
 def goals(results: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     conc = results["concurrency"]
     primary = conc[conc["primary"]]
-    names = list(CLIENTS)
+    names = [c for c in CLIENTS if c in results["latency_1conn"]]
     for client in names:
         seq = results["latency_1conn"][client]["added"]
         ttft = results["ttft_1conn"][client]["added"]
@@ -880,7 +1150,7 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
             for k, (v, ok) in rows.items()
         }
     # A converting front door may add at most 20 % to what the chat-completions path adds (issue 13).
-    for door in results.get("door_targets", []):
+    for door in results.get("door_targets", []) if "aiohttp" in results["latency_1conn"] else []:
         rows = {}
         for phase, key in (("latency_1conn", "added_p50_ms"), ("ttft_1conn", "ttft_added_p50_ms")):
             chat = results[phase]["aiohttp"]["added"]["p50_ms"]
@@ -892,11 +1162,55 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
                 "verdict": "met" if ratio <= GOALS["door_ratio"] else "MISSED",
             }
         out[door] = rows
+    # The pass-through within 1.5x of the stack floor: added p50 and p99, and req/s >= floor / 1.5 (issue 16).
+    ratios = results.get("floor_ratios", {}).get(STACK_FLOOR)
+    if ratios:
+        limit = GOALS["floor_ratio"]
+        out[f"{ratios['gateway']} / {STACK_FLOOR}"] = {
+            key: {
+                "measured": value,
+                "goal": limit,
+                "verdict": "n/a (floor figure not positive)"
+                if value is None
+                else ("met" if value <= limit else "MISSED"),
+            }
+            for key, value in ratios.items()
+            if key != "gateway"
+        }
     return out
 
 
 def _dash(value: object, width: int, spec: str = "") -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
+def combined_table(results: dict[str, Any]) -> list[str]:
+    data = results["combined"]
+    lines = [
+        "",
+        f"all targets, ms ({data['connections']} connections: {data['generator']})"
+        f"{'':<4}added p50  added p99  TTFT+ p50  TTFT+ p99    req/s  CPU us/req 1 conn / {data['connections']} conn",
+    ]
+    for name, row in data["rows"].items():
+        label = "direct (the fake itself)" if name == "direct" else name
+        lines.append(
+            f"  {label:<34}{_dash(row['added_p50_ms'], 9, '.3f')}  {_dash(row['added_p99_ms'], 9, '.3f')}"
+            f"  {_dash(row['ttft_added_p50_ms'], 9, '.3f')}  {_dash(row['ttft_added_p99_ms'], 9, '.3f')}"
+            f"  {_dash(row['rps_32'], 7, '.0f')}  {_dash(row['cpu_us_per_request_1conn'], 17)}"
+            f" / {_dash(row['cpu_us_per_request_32'], 7, '.0f')}"
+            + (f"  errors={row['errors']}" if row["errors"] else "")
+        )
+    direct = data["rows"].get("direct")
+    if direct:
+        lines.append(f"  (direct: p50 {direct['p50_ms']:.3f} ms, TTFT p50 {direct['ttft_p50_ms']:.3f} ms)")
+    for floor, ratios in results.get("floor_ratios", {}).items():
+        lines.append(
+            f"  {ratios['gateway']} pass-through / {floor}: added p50 {_dash(ratios['added_p50'], 0)}x,"
+            f" added p99 {_dash(ratios['added_p99'], 0)}x, req/s {floor} / gateway"
+            f" {_dash(ratios['rps_32_floor_over_gateway'], 0)}x"
+            + (f" (goal <= {GOALS['floor_ratio']} each)" if floor == STACK_FLOOR else "")
+        )
+    return lines
 
 
 def table(results: dict[str, Any]) -> str:
@@ -906,13 +1220,17 @@ def table(results: dict[str, Any]) -> str:
     add(
         f"machine: {results['machine']['nproc']} cores, {results['machine']['cpu']}, Python {results['machine']['python']}"
     )
+    if "fake_upstream" in results:
+        add(f"fake upstream: {results['fake_upstream']}")
+    for name, reason in results.get("skipped_targets", {}).items():
+        add(f"skipped: {name}: {reason}")
     add("")
     if "latency_1conn" in results:  # not in a --streams-only run
         seq, ttft = results["latency_1conn"], results["ttft_1conn"]
         names = results["targets"]
         doors = results.get("door_targets", [])
         add(
-            "1 connection, non-stream, ms      p50      p99  added p50  added p99  gw CPU us/req  self-reported p50/p99"
+            "1 connection, non-stream, ms      p50      p99  added p50  added p99     CPU us/req  self-reported p50/p99"
         )
         for name in names + doors:
             row, added = seq[name], seq[name].get("added", {})
@@ -920,10 +1238,13 @@ def table(results: dict[str, Any]) -> str:
             add(
                 f"  {name:<28}{row['total']['p50_ms']:7.3f}  {row['total']['p99_ms']:7.3f}"
                 f"  {_dash(added.get('p50_ms'), 9, '.3f')}  {_dash(added.get('p99_ms'), 9, '.3f')}"
-                f"  {_dash(row.get('gateway_cpu_us_per_request'), 13)}"
+                f"  {_dash(row.get('cpu_us_per_request', row.get('gateway_cpu_us_per_request')), 13)}"
                 + (f"  {own['p50_ms']:.3f} / {own['p99_ms']:.3f}" if own else "")
             )
         add(f"  CPU cores used during the phase: {seq['cpu_cores']}")
+        add(
+            "  (CPU us/req: the target's own process; for direct, the fake's, over all the requests it served)"
+        )
         add("")
         add("1 connection, stream TTFT, ms     p50      p99  added p50  added p99")
         for name in names + doors:
@@ -940,7 +1261,7 @@ def table(results: dict[str, Any]) -> str:
                 continue
             add("")
             add(
-                f"{n} connections ({generator}){'':<10}req/s   p50 ms   p99 ms  CPU us/req: loadgen  fake  gateway"
+                f"{n} connections ({generator}){'':<10}req/s   p50 ms   p99 ms  CPU us/req: loadgen  fake   target"
                 "   others (cores)   req/s per slice"
             )
             for name in names:
@@ -952,6 +1273,8 @@ def table(results: dict[str, Any]) -> str:
                     f"  {_dash(cpu.get(name), 7, '.0f')}   {row['cpu_cores']['others']:14.2f}"
                     f"   {row['rps_per_slice']}" + (f"  errors={row['errors']}" if row["errors"] else "")
                 )
+    if "combined" in results:
+        lines += combined_table(results)
     add("")
     add(
         "paced streams          streams  done  peak  lost reord dup unexp noDONE"
@@ -974,8 +1297,11 @@ def table(results: dict[str, Any]) -> str:
     )
     add("")
     add("goals (design.md §11)")
+    width = max([18, *(len(name) + 2 for name in results["goals"])])
     for client, rows in results["goals"].items():
-        add(f"  {client:<18}" + "  ".join(f"{k}={v['measured']} {v['verdict']}" for k, v in rows.items()))
+        add(
+            f"  {client:<{width}}" + "  ".join(f"{k}={v['measured']} {v['verdict']}" for k, v in rows.items())
+        )
     return "\n".join(lines)
 
 
@@ -999,50 +1325,124 @@ async def run(
     *,
     streams_only: bool = False,
     max_connections: int | None = None,
+    selected: set[str] | None = None,
+    fake_kind: str = "fast",
+    with_litellm: bool = True,
 ) -> dict[str, Any]:
     python = sys.executable
     under_test = gateway_under_test(ref, workdir, children.env, with_store)
     if max_connections is not None:
         under_test["max_connections"] = max_connections
     print(f"gateway under test: {under_test}", flush=True)
+
+    def wanted(name: str) -> bool:
+        return selected is None or name in selected
+
+    skipped: dict[str, str] = {}
+    litellm_exe: Path | None = None
+    if wanted(LITELLM) and not streams_only:  # before anything starts: the first install takes minutes
+        if not with_litellm:
+            skipped[LITELLM] = "--no-litellm"
+        else:
+            litellm_exe, how = litellm_executable()
+            if litellm_exe is None:
+                skipped[LITELLM] = how
+                print(f"skipping {LITELLM}: {how}", flush=True)
+            else:
+                print(f"{LITELLM}: {how}", flush=True)
+
     fake_port = free_port()
+    fake_script = "fast_fake_upstream.py" if fake_kind == "fast" else "fake_upstream_server.py"
     fake = children.start(
-        "fake-upstream",
-        fake_port,
-        [python, str(HERE / "fake_upstream_server.py"), "--port", str(fake_port)],
-        workdir,
+        "fake-upstream", fake_port, [python, str(HERE / fake_script), "--port", str(fake_port)], workdir
     )
     gateways: dict[str, Child] = {}
-    for client in CLIENTS:
-        config = workdir / f"gateway-{client}.yaml"
-        config.write_text(json.dumps(gateway_config(fake_port, client, workdir, under_test)))  # JSON is YAML
+
+    def start_gateway(name: str, label: str, client: str, config_of: dict[str, Any]) -> None:
+        config = workdir / f"gateway-{label}.yaml"
+        config.write_text(
+            json.dumps(gateway_config(fake_port, client, workdir, config_of, label))
+        )  # JSON is YAML
         port = free_port()
         argv = [python, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
-        gateways[client] = children.start(client, port, argv, workdir)
+        gateways[name] = children.start(label, port, argv, workdir)
+
+    for client in CLIENTS:
+        if wanted(client):
+            start_gateway(client, client, client, under_test)
+    if wanted(DEFAULTS) and not streams_only:
+        # the tenant's defaults: neither `store_conversations: false` nor `context.enabled: false`
+        start_gateway(
+            DEFAULTS,
+            "aiohttp-defaults",
+            "aiohttp",
+            under_test | {"has_store_switch": False, "has_context_config": False},
+        )
     # Each front door gets a gateway process of its own, configured as the aiohttp one: a request through
     # a process that has just served another one is answered faster (measured), which would favour a
     # door that shares its process with the chat row.
     for name in DOORS:
-        label = "aiohttp-" + DOORS[name]
-        config = workdir / f"gateway-{label}.yaml"
-        config.write_text(json.dumps(gateway_config(fake_port, "aiohttp", workdir, under_test, label)))
-        port = free_port()
-        argv = [python, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
-        gateways[name] = children.start(label, port, argv, workdir)
-    wait_ready(fake, "/v1/models")
+        if wanted(name):
+            start_gateway(name, "aiohttp-" + DOORS[name], "aiohttp", under_test)
+    proxies: dict[str, Child] = {}  # the floors and the peer: not gateways (no /healthz, no counters)
+    for name, script in ((STACK_FLOOR, "floor_proxy.py"), (BARE_RELAY, "bare_relay.py")):
+        if wanted(name) and not streams_only:
+            port = free_port()
+            argv = [python, str(HERE / script), "--port", str(port)]
+            argv += ["--upstream", f"http://{HOST}:{fake_port}", "--upstream-key", UPSTREAM_KEY]
+            proxies[name] = children.start(name, port, argv, workdir)
+
+    # Up to ten processes import at once on two shared cores: a start can take a minute or more.
+    wait_ready(fake, "/v1/models", timeout=180)
     for child in gateways.values():
-        wait_ready(child, "/healthz")
-    targets = [Target("direct", fake_port, UPSTREAM_KEY)] + [
-        Target(name, child.port, GATEWAY_KEY) for name, child in gateways.items() if name in CLIENTS
+        wait_ready(child, "/healthz", timeout=180)
+    for child in proxies.values():
+        wait_ready(child, "/v1/models", timeout=180)  # relayed to the fake
+    # LiteLLM last, alone: its import alone takes ~10 s of CPU
+    litellm = start_litellm(children, litellm_exe, fake_port, workdir) if litellm_exe else None
+    if litellm is not None:
+        try:
+            wait_ready(litellm, "/health/liveliness", timeout=180)  # answered without calling the upstream
+            problem = post_ok(litellm.port, GATEWAY_KEY, CHAT)
+            if problem:
+                raise RuntimeError(f"a first chat completion failed: {problem}")
+        except (RuntimeError, TimeoutError) as exc:
+            skipped[LITELLM] = f"did not start: {str(exc)[-800:]}"
+            print(f"skipping {LITELLM}: {skipped[LITELLM]}", flush=True)
+            children.stop_one(litellm)
+        else:
+            proxies[LITELLM] = litellm
+    targets = [Target("direct", fake_port, UPSTREAM_KEY)]
+    targets += [Target(name, c.port, GATEWAY_KEY) for name, c in gateways.items() if name not in DOORS]
+    targets += [Target(name, c.port, GATEWAY_KEY) for name, c in proxies.items()]
+    doors = [
+        Target(name, gateways[name].port, GATEWAY_KEY, door)
+        for name, door in DOORS.items()
+        if name in gateways
     ]
-    doors = [Target(name, gateways[name].port, GATEWAY_KEY, door) for name, door in DOORS.items()]
-    meter = CpuMeter({"fake-upstream": fake.proc.pid} | {name: c.proc.pid for name, c in gateways.items()})
+    meter = CpuMeter(
+        {"fake-upstream": fake.proc.pid} | {name: c.proc.pid for name, c in (gateways | proxies).items()}
+    )
     results: dict[str, Any] = {
         "settings": asdict(settings),
         "machine": machine(),
         "gateway_under_test": under_test,
+        "fake_upstream": (
+            "fast: benchmarks/fast_fake_upstream.py (asyncio + httptools)"
+            if fake_kind == "fast"
+            else "starlette: benchmarks/fake_upstream_server.py (uvicorn + starlette)"
+        ),
         "targets": [t.name for t in targets],
         "door_targets": [t.name for t in doors],
+        "skipped_targets": skipped,
+        "target_processes": {
+            DEFAULTS: "python -m gateway serve, upstream.http_client aiohttp, the tenant's defaults"
+            " (store_conversations and context on)",
+            STACK_FLOOR: "benchmarks/floor_proxy.py: uvicorn (uvloop, httptools) + raw ASGI + aiohttp ClientSession",
+            BARE_RELAY: "benchmarks/bare_relay.py: asyncio (uvloop) + httptools, one upstream connection per client",
+            LITELLM: f"litellm --config <one model, openai/fake-model> (litellm[proxy]=={LITELLM_VERSION},"
+            f" {LITELLM_VENV.relative_to(HERE.parent)}), LITELLM_LOG=WARNING, LITELLM_LOCAL_MODEL_COST_MAP=True",
+        },
     }
     phases = {}
 
@@ -1100,6 +1500,9 @@ async def run(
     results["gateway_counters"] = gateway_counters(gateways)
     results["phase_seconds"] = {k: round(v, 1) for k, v in phases.items()}
     results["settle_log"] = SETTLE_LOG
+    if not streams_only:
+        results["combined"] = combined(results)
+        results["floor_ratios"] = floor_ratios(results["combined"]["rows"])
     results["goals"] = goals(results) if not streams_only else {}
     return results
 
@@ -1108,7 +1511,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="short smoke run (under a minute)")
+    parser.add_argument("--quick", action="store_true", help="short smoke run (a few minutes)")
     parser.add_argument(
         "--chunk-delay",
         type=float,
@@ -1130,12 +1533,30 @@ def main() -> int:
     parser.add_argument(
         "--max-connections", type=int, help="the gateways' upstream.max_connections (their default: 1,000)"
     )
+    parser.add_argument(
+        "--targets",
+        help="comma-separated targets to measure besides direct, of: " + ", ".join(TARGET_KEYS) + " (all)",
+    )
+    parser.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM proxy peer")
+    parser.add_argument(
+        "--fake",
+        choices=("fast", "starlette"),
+        default="fast",
+        help="the fake upstream: fast (asyncio + httptools, the default) or starlette (the gateway's FakeUpstream)",
+    )
     parser.add_argument("--show", type=Path, metavar="JSON", help="print the table of a saved run and exit")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON results")
     args = parser.parse_args()
     if args.show:
         print(table(json.loads(args.show.read_text())))
         return 0
+    selected: set[str] | None = None
+    if args.targets:
+        keys = [k.strip() for k in args.targets.split(",") if k.strip()]
+        unknown = [k for k in keys if k not in TARGET_KEYS]
+        if unknown:
+            parser.error(f"unknown targets {unknown}; choose from {', '.join(TARGET_KEYS)}")
+        selected = {TARGET_KEYS[k] for k in keys}
     settings = Settings.make(args)
     if args.stream_levels:
         settings = replace(settings, stream_levels=tuple(int(n) for n in args.stream_levels.split(",")))
@@ -1158,6 +1579,9 @@ def main() -> int:
                     args.with_store,
                     streams_only=args.streams_only,
                     max_connections=args.max_connections,
+                    selected=selected,
+                    fake_kind=args.fake,
+                    with_litellm=not args.no_litellm,
                 )
             )
         finally:
