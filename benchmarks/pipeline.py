@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -148,31 +149,42 @@ def prefill(database_url: str, tenant: str, messages: int, per_conversation: int
 
 
 def config_file(
-    directory: Path, upstream_url: str, *, memo_messages: int | None = None, **context: Any
+    directory: Path,
+    upstream_url: str,
+    *,
+    memo_messages: int | None = None,
+    body_memo: bool = True,
+    everything: bool = False,
+    pass_through: bool = False,
+    api_embedder: bool = False,
+    **context: Any,
 ) -> Path:
+    """`everything`: summaries (compaction) and memory on as well, as a default tenant runs them;
+    `pass_through`: nothing stored, the prompt never rebuilt (the pure proxy)."""
     storage: dict[str, Any] = {
         "database_url": f"sqlite:///{directory}/gateway.db",
         "data_dir": str(directory),
     }
     if memo_messages is not None:
         storage["history_memo_messages"] = memo_messages
-    config = {
-        "storage": storage,
-        "tenants": [
-            {
-                "name": "bench",
-                "api_keys": [KEY],
-                "upstream": {"base_url": upstream_url, "api_key": "sk-x"},
-                "context": context or {"budget_tokens": 16_000},
-                # The request path is measured here; background summaries are measured in part 2.
-                "compaction": {"enabled": False},
-                # Memory's extraction would call the fake upstream too: measured in its own benchmarks.
-                "memory": {"enabled": False},
-            }
-        ],
+    if not body_memo:
+        storage["body_memo_bytes"] = 0
+    tenant: dict[str, Any] = {
+        "name": "bench",
+        "api_keys": [KEY],
+        "upstream": {"base_url": upstream_url, "api_key": "sk-x"},
+        "context": context or {"budget_tokens": 16_000},
+        # The request path is measured here; background summaries are measured in part 2.
+        "compaction": {"enabled": everything},
+        # Memory's extraction would call the fake upstream too: measured in its own benchmarks.
+        "memory": {"enabled": everything},
     }
+    if api_embedder:  # embeddings from the provider's /v1/embeddings (the fake's: 3 dimensions)
+        tenant["retrieval"] = {"embedder": {"provider": "upstream", "model": "fake-embed", "dimensions": 3}}
+    if pass_through:
+        tenant.update(store_conversations=False, context={"enabled": False})
     path = directory / "config.yaml"
-    path.write_text(json.dumps(config))  # JSON is YAML
+    path.write_text(json.dumps({"storage": storage, "tenants": [tenant]}))  # JSON is YAML
     return path
 
 
@@ -378,18 +390,29 @@ def main() -> None:
     parser.add_argument(
         "--part",
         type=int,
-        choices=(1, 2, 3),
-        help="run only part 1 (overhead), 2 (tokens) or 3 (length: 1,000 vs 10,000 messages, memo on/off)",
+        choices=(1, 2, 3, 4),
+        help="run only part 1 (overhead), 2 (tokens), 3 (length: 1,000 vs 10,000 messages) or 4 "
+        "(32 connections over many 1,000-message conversations)",
     )
+    parser.add_argument("--conversations", type=int, default=64, help="part 4: conversations (64)")
+    parser.add_argument("--connections", type=int, default=32, help="part 4: connections (32)")
     parser.add_argument("--lengths", default="1000,10000", help="part 3: conversation lengths")
     parser.add_argument(
-        "--before", type=Path, help="part 3: a checkout of an older commit, measured third in the same run"
+        "--before", type=Path, help="part 3: a checkout of an older commit, measured last in the same run"
+    )
+    parser.add_argument(
+        "--data-cache",
+        type=Path,
+        help="part 3: keep each imported conversation's data here and copy it on later runs (the 10,000-"
+        "message import takes 15-25 minutes); e.g. benchmarks/results/data",
     )
     args = parser.parse_args()
     requests = 60 if args.quick else 300
-    results: dict[str, Any] = {"overhead": [], "tokens": [], "length": []}
+    results: dict[str, Any] = {"overhead": [], "tokens": [], "length": [], "throughput": []}
     if args.part == 3:
         length_part(args, 40 if args.quick else 150, results)
+    if args.part == 4:
+        throughput_part(args, results)
     if args.part in (None, 1):
         overhead_part(args, requests, results)
     if args.part in (None, 2):
@@ -401,45 +424,99 @@ def main() -> None:
     print(f"\nwritten: {out / name}  (cpu count {os.cpu_count()})")
 
 
+def imported(length: int, upstream_url: str, directory: Path, cache: Path | None) -> float | None:
+    """Fill `directory` with one conversation of `length` messages imported in one request, indexed,
+    summarised and with its memory learnt, by a gateway with every feature on; with `cache`, copied from
+    there when an earlier run saved it (the bodies are deterministic), else saved there afterwards.
+    Returns the import's seconds (None: from the cache)."""
+    saved = cache / f"length-{length}-v2" if cache is not None else None
+    if saved is not None and (saved / "gateway.db").exists():
+        shutil.copytree(saved, directory, dirs_exist_ok=True)
+        return None
+    warm, _ = full_history_bodies(length, 0)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = config_file(directory, upstream_url, everything=True)
+    port = free_port()
+    args = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+    gateway_url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
+    with process(args, f"{gateway_url}/healthz"):
+        auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        response = httpx.post(f"{gateway_url}/v1/chat/completions", content=warm, headers=auth, timeout=600)
+        assert response.status_code == 200, response.text
+        wait_idle(gateway_url, timeout=7200)  # embedding + LanceDB, summaries, memory extraction
+    seconds = time.perf_counter() - started
+    if saved is not None:
+        shutil.copytree(directory, saved, ignore=shutil.ignore_patterns("config.yaml"))
+    return seconds
+
+
 def length_scenario(
-    upstream_url: str, length: int, requests: int, before: Path | None
+    upstream_url: str, length: int, requests: int, before: Path | None, cache: Path | None
 ) -> dict[str, dict[str, float]]:
-    """One conversation of `length` messages resent in full with one new turn per request, on one data
-    directory: measured by a gateway with the history memo, then by one without it, then (with
-    `before`) by the gateway of that older checkout; the conversation goes on from one to the next.
-    Each gateway's first request is not measured (it fills the process's caches); after each measured
-    request the benchmark waits until the jobs it queued (the answer's embedding) have run."""
+    """One conversation of `length` messages resent in full with one new turn per request. The pure
+    pass-through gateway first (nothing stored), then on one data directory (the imported conversation)
+    gateways with every feature on (store, identify, window, summaries, retrieval, memory): with the
+    body memo, without it, and (with `before`) the gateway of that older checkout; the conversation goes
+    on from one to the next. Each gateway's first request is not measured (it fills the process's
+    caches); after each measured request the benchmark waits until the jobs it queued have run."""
     figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-length-") as tmp:
-        directory = Path(tmp)
-        runs: list[tuple[str, int | None, Path]] = [("memo on", None, ROOT), ("memo off", 0, ROOT)]
+        directory = Path(tmp) / "data"
+        seconds = imported(length, upstream_url, directory, cache)
+        print(
+            f"  {length:,} messages "
+            + (f"imported and processed in {seconds:.0f} s" if seconds else f"copied from {cache}"),
+            flush=True,
+        )
+        runs: list[tuple[str, dict[str, Any], Path]] = [
+            ("pass-through", {"pass_through": True}, ROOT),
+            ("memo on", {"everything": True}, ROOT),
+            ("memo off", {"everything": True, "body_memo": False}, ROOT),
+        ]
         if before is not None:
-            runs.append(("before", None, before))
-        warm, bodies = full_history_bodies(length, len(runs) * requests)
-        for number, (label, memo, cwd) in enumerate(runs):
+            runs.append(("before", {"everything": True}, before))
+        _, bodies = full_history_bodies(length, len(runs) * requests)
+        for number, (label, options, cwd) in enumerate(runs):
             chunk = bodies[number * requests : (number + 1) * requests]
-            config = config_file(directory, upstream_url, memo_messages=memo)
-            if cwd != ROOT:  # an older checkout may not know the setting
-                config = config_file(directory, upstream_url)
+            where = Path(tmp) / "pass" if options.get("pass_through") else directory
+            where.mkdir(exist_ok=True)
+            config = config_file(where, upstream_url, **options)
+            if cwd != ROOT:  # an older checkout may not know the newer settings
+                config = config_file(where, upstream_url)
             port = free_port()
             args = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
             gateway_url = f"http://127.0.0.1:{port}"
             with process(args, f"{gateway_url}/healthz", cwd):
                 auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
-                first = warm if number == 0 else chunk[0]
-                started = time.perf_counter()
                 response = httpx.post(
-                    f"{gateway_url}/v1/chat/completions", content=first, headers=auth, timeout=600
+                    f"{gateway_url}/v1/chat/completions", content=chunk[0], headers=auth, timeout=600
                 )
                 assert response.status_code == 200, response.text
-                wait_idle(gateway_url, timeout=3600)  # the import's indexing (embedding + LanceDB)
-                if number == 0:
-                    print(
-                        f"  {length:,} messages imported and indexed in {time.perf_counter() - started:.0f} s",
-                        flush=True,
-                    )
+                wait_idle(gateway_url, timeout=3600)
                 figures[label] = measure(gateway_url, upstream_url, chunk[1:], settle=True)
+                health = httpx.get(f"{gateway_url}/healthz").json()
+                figures[label]["body_messages_reused"] = health["counters"].get("body_messages_reused", 0)
     return figures
+
+
+def query_embedding_ms(count: int = 60) -> float:
+    """p50 of embedding one question with the local embedder the gateway loads (one thread, as its
+    default `embeddings.threads`), in this process while nothing else runs."""
+    from gateway.adapters.onnx_embedder import OnnxEmbedder
+
+    embedder = OnnxEmbedder.load(threads=1)
+
+    async def run() -> list[float]:
+        times = []
+        for i in range(count):
+            started = time.perf_counter()
+            await embedder.embed_query(text_of(40, 7_000_000 + i))
+            times.append((time.perf_counter() - started) * 1000)
+        await embedder.aclose()
+        return times[5:]
+
+    return percentile(asyncio.run(run()), 0.5)
 
 
 def fake_upstream(upstream_url: str) -> contextlib.AbstractContextManager[None]:
@@ -451,20 +528,241 @@ def fake_upstream(upstream_url: str) -> contextlib.AbstractContextManager[None]:
 
 def length_part(args: argparse.Namespace, requests: int, results: dict[str, Any]) -> None:
     upstream_url = f"http://127.0.0.1:{free_port()}/v1"
+    cache = args.data_cache
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
     print("Part 3: a conversation resent in full, 1 connection, jobs settled between turns, ms")
-    print(
-        f"{'length':>8s} {'memo':8s} {'gateway p50':>11s} {'gateway p99':>11s} {'added p50':>9s} "
-        f"{'added p99':>9s} {'retrieval p50':>13s}"
+    header = (
+        f"{'length':>8s} {'gateway':13s} {'gateway p50':>11s} {'gateway p99':>11s} {'added p50':>9s} "
+        f"{'added p99':>9s} {'retrieval p50':>13s} {'reused':>8s}"
     )
+    rows = results["length"]
     with fake_upstream(upstream_url):
         for length in (int(n) for n in args.lengths.split(",")):
-            for label, f in length_scenario(upstream_url, length, requests, args.before).items():
-                results["length"].append({"length": length, "memo": label, **f})
+            figures = length_scenario(upstream_url, length, requests, args.before, cache)
+            print(header)
+            for label, f in figures.items():
+                rows.append({"length": length, "gateway": label, **f})
                 print(
-                    f"{length:8,d} {label:8s} {f['gateway_p50']:11.2f} {f['gateway_p99']:11.2f} "
-                    f"{f['added_p50']:9.2f} {f['added_p99']:9.2f} {f.get('retrieval_p50', 0.0):13.2f}",
+                    f"{length:8,d} {label:13s} {f['gateway_p50']:11.2f} {f['gateway_p99']:11.2f} "
+                    f"{f['added_p50']:9.2f} {f['added_p99']:9.2f} {f.get('retrieval_p50', 0.0):13.2f}"
+                    f" {f['body_messages_reused']:8,d}",
                     flush=True,
                 )
+    embedding = query_embedding_ms()
+    results["query_embedding_p50_ms"] = embedding
+    print(f"query embedding (local MiniLM, 1 thread) p50: {embedding:.2f} ms")
+    added = {(r["length"], r["gateway"]): r["added_p50"] for r in rows}
+    lengths = sorted({r["length"] for r in rows})
+    goals: dict[str, Any] = {}
+    for length in lengths:
+        if (length, "memo on") in added and (length, "pass-through") in added:
+            allowed = 3 * max(added[(length, "pass-through")], 0.0) + embedding
+            mine = added[(length, "memo on")]
+            goals[f"{length}: added p50 <= 3x pass-through + query embedding"] = {
+                "measured": round(mine, 2),
+                "allowed": round(allowed, 2),
+                "verdict": "met" if mine <= allowed else "MISSED",
+            }
+    if len(lengths) >= 2 and (lengths[0], "memo on") in added and (lengths[-1], "memo on") in added:
+        ratio = added[(lengths[-1], "memo on")] / added[(lengths[0], "memo on")]
+        goals[f"added p50 at {lengths[-1]:,} / at {lengths[0]:,} <= 1.2"] = {
+            "measured": round(ratio, 2),
+            "verdict": "met" if ratio <= 1.2 else "MISSED",
+        }
+    results["length_goals"] = goals
+    for name, goal in goals.items():
+        print(f"goal {name}: {goal}")
+
+
+THROUGHPUT_LENGTH = 1_000
+
+
+def throughput_data(
+    upstream_url: str, conversations: int, directory: Path, cache: Path | None
+) -> float | None:
+    """`conversations` conversations of 1,000 messages each (distinct texts), imported one request each
+    (four at a time) by a gateway with every feature on and the provider's embeddings, and processed
+    (indexed, summarised, memory learnt); from `cache` when an earlier run saved them."""
+    saved = cache / f"throughput-{conversations}x{THROUGHPUT_LENGTH}-v1" if cache is not None else None
+    if saved is not None and (saved / "gateway.db").exists():
+        shutil.copytree(saved, directory, dirs_exist_ok=True)
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    config = config_file(directory, upstream_url, everything=True, api_embedder=True)
+    port = free_port()
+    args = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+    gateway_url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
+    auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+
+    async def post_all() -> None:
+        async with httpx.AsyncClient(timeout=600) as client:
+            gate = asyncio.Semaphore(4)
+
+            async def one(number: int) -> None:
+                body = orjson.dumps(
+                    {"model": "gpt-4o", "messages": conversation(THROUGHPUT_LENGTH, number + 1)}
+                )
+                async with gate:
+                    response = await client.post(
+                        f"{gateway_url}/v1/chat/completions", content=body, headers=auth
+                    )
+                assert response.status_code == 200, response.text
+
+            await asyncio.gather(*(one(n) for n in range(conversations)))
+
+    with process(args, f"{gateway_url}/healthz"):
+        asyncio.run(post_all())
+        wait_idle(gateway_url, timeout=7200)
+    seconds = time.perf_counter() - started
+    if saved is not None:
+        shutil.copytree(directory, saved, ignore=shutil.ignore_patterns("config.yaml"))
+    return seconds
+
+
+async def closed_loop(
+    port: int, conversations: int, connections: int, seconds: float, pids: list[int], warmup: float = 10.0
+) -> dict[str, Any]:
+    """`connections` clients, each going on with its own conversations (resent in full with one new
+    question, the answer appended as a chat app does), back to back: `warmup` seconds not counted (every
+    process meets each conversation once), then `seconds` measured."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from loadgen import build_request, connect
+
+    histories = [conversation(THROUGHPUT_LENGTH, n + 1) for n in range(conversations)]
+    latencies: list[float] = []
+    errors = 0
+    done = 0
+    measured_from = time.perf_counter() + warmup
+    deadline = measured_from + seconds
+    cpu_before = 0.0
+
+    async def client(number: int) -> None:
+        nonlocal errors, done
+        conn = await connect("127.0.0.1", port, keep_body=True)
+        turn = 0
+        try:
+            while time.perf_counter() < deadline:
+                history = histories[(number + turn * connections) % conversations]
+                turn += 1
+                question = {"role": "user", "content": text_of(40, 5_000_000 + number * 100_000 + turn)}
+                body = orjson.dumps({"model": "gpt-4o", "messages": [*history, question]})
+                request = build_request(
+                    "127.0.0.1", port, "/v1/chat/completions", body, {"Authorization": f"Bearer {KEY}"}
+                )
+                started = time.perf_counter()
+                finished = await conn.send(request)
+                counted = started >= measured_from
+                if conn.status != 200:
+                    errors += counted
+                    continue
+                if counted:
+                    latencies.append(finished - started)
+                    done += 1
+                answer = orjson.loads(b"".join(conn.body))["choices"][0]["message"]
+                history.extend([question, {"role": "assistant", "content": answer["content"]}])
+        finally:
+            conn.close()
+
+    async def meter() -> None:
+        nonlocal cpu_before
+        await asyncio.sleep(max(measured_from - time.perf_counter(), 0.0))
+        cpu_before = sum(map(_cpu_seconds, pids))
+
+    await asyncio.gather(meter(), *(client(n) for n in range(connections)))
+    wall = time.perf_counter() - measured_from
+    latencies.sort()
+    cpu = sum(map(_cpu_seconds, pids)) - cpu_before
+    return {
+        "requests": done,
+        "errors": errors,
+        "rps": done / wall,
+        "p50_ms": percentile(latencies, 0.5) * 1000 if latencies else None,
+        "p99_ms": percentile(latencies, 0.99) * 1000 if latencies else None,
+        "gateway_cpu_us_per_request": round(cpu / max(done, 1) * 1e6),
+        "wall_s": wall,
+    }
+
+
+def _children(pid: int) -> list[int]:
+    """The worker processes of `serve --workers N` (none for one)."""
+    found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(p) for p in found]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throughput_part(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """32 connections over many 1,000-message conversations, jobs running: the pure pass-through and
+    the full pipeline (every feature on, the provider's embeddings) on the same bodies, one after the
+    other in one run."""
+    upstream_url = f"http://127.0.0.1:{free_port()}/v1"
+    cache = args.data_cache
+    conversations, connections = args.conversations, args.connections
+    seconds = 20.0 if args.quick else 60.0
+    if conversations < connections:
+        raise SystemExit("part 4 needs at least as many conversations as connections (one client each)")
+    print(
+        f"Part 4: {connections} connections over {conversations} conversations of {THROUGHPUT_LENGTH:,} messages"
+    )
+    rows = results["throughput"]
+    with fake_upstream(upstream_url), tempfile.TemporaryDirectory(prefix="bench-tput-") as tmp:
+        directory = Path(tmp) / "data"
+        took = throughput_data(upstream_url, conversations, directory, cache)
+        print(
+            "  data " + (f"imported and processed in {took:.0f} s" if took else f"copied from {cache}"),
+            flush=True,
+        )
+        full = {"everything": True, "api_embedder": True}
+        for label, options, workers in (
+            ("pass-through", {"pass_through": True}, 1),
+            ("pass-through", {"pass_through": True}, 2),
+            ("full pipeline", full, 1),
+            ("full pipeline", full, 2),
+        ):
+            where = Path(tmp) / f"run-{len(rows)}"
+            if not options.get("pass_through"):  # each run on a copy of the imported data as it was
+                shutil.copytree(directory, where)
+            where.mkdir(exist_ok=True)
+            config = config_file(where, upstream_url, **options)
+            port = free_port()
+            argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
+            argv += ["--workers", str(workers)]
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                gateway_url = f"http://127.0.0.1:{port}"
+                wait_ready(f"{gateway_url}/healthz")
+                pids = [proc.pid, *_children(proc.pid)]
+                figures = asyncio.run(closed_loop(port, conversations, connections, seconds, pids))
+                figures["workers"] = workers
+                jobs = httpx.get(f"{gateway_url}/healthz").json()["jobs"] or {}
+                figures["jobs_queued_at_end"] = jobs.get("queued", 0)
+                drained = time.perf_counter()
+                wait_idle(gateway_url, timeout=1800)
+                figures["jobs_drain_s"] = round(time.perf_counter() - drained, 1)
+            finally:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=30)
+            rows.append(
+                {"gateway": label, "connections": connections, "conversations": conversations, **figures}
+            )
+            print(
+                f"  {label:14s} x{workers} {figures['rps']:7.1f} req/s  p50 {figures['p50_ms']:.1f} ms  p99 {figures['p99_ms']:.1f} ms"
+                f"  errors {figures['errors']}  gateway CPU {figures['gateway_cpu_us_per_request']:,} us/req"
+                f"  jobs queued at the end {figures['jobs_queued_at_end']}, drained in {figures['jobs_drain_s']} s",
+                flush=True,
+            )
+    full = max((r for r in rows if r["gateway"] == "full pipeline"), key=lambda r: float(r["rps"]))
+    results["throughput_goal"] = {
+        "measured_rps": round(full["rps"], 1),
+        "goal_rps": 300,
+        "verdict": "met" if full["rps"] >= 300 else "MISSED",
+    }
+    print(f"goal >= 300 req/s at 32 connections, full pipeline: {results['throughput_goal']}")
 
 
 def overhead_part(args: argparse.Namespace, requests: int, results: dict[str, Any]) -> None:
