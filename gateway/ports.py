@@ -302,6 +302,9 @@ class Trace(Protocol):
 
 
 class Tracer(Protocol):
+    # False for the no-op tracer: the request path then builds no attributes at all.
+    recording: bool
+
     def trace(self, name: str, attributes: Mapping[str, TraceValue]) -> Trace:
         """A new request trace, its root span a server span called `name`."""
         ...

@@ -40,6 +40,8 @@ NULL_TRACE = _NullTrace()
 class NullTracer:
     """Traces nothing (no OTLP endpoint configured): nothing of OpenTelemetry is imported."""
 
+    recording = False
+
     def trace(self, name: str, attributes: Mapping[str, TraceValue]) -> Trace:
         return NULL_TRACE
 

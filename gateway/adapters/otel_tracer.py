@@ -59,6 +59,7 @@ class _OtelTrace:
 
 
 class OtelTracer:
+    recording = True
     """A tracer provider of the app's own (not the process-global one), batching spans to `endpoint`."""
 
     def __init__(self, endpoint: str, service_name: str, flush_seconds: float) -> None:

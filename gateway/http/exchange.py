@@ -29,6 +29,7 @@ from gateway.pipeline.forward import buffered_outcome
 from gateway.ports import ChatPayload, JSONObject, Span, TraceValue, UpstreamResponse
 from gateway.telemetry.logs import log_request, logging_requests
 from gateway.tenants import Caller, Tenant
+from gateway.tracing import NULL_SPAN
 from gateway.wiring import Deps
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class _Tally:
         call = self.call
         stream = call.stream if call is not None else False
         report = call.state.report if call is not None else None
-        if call is not None:
+        if call is not None and self.deps.tracer.recording:
             call.trace.root.set(
                 {
                     "http.response.status_code": status,
@@ -157,13 +158,18 @@ async def _exchange(
         answers_tools=door.answers_tools,
     )
     tenant = caller.tenant
-    call.trace = deps.tracer.trace(f"POST {door.route}", _request_attributes(call, door.route))
+    if deps.tracer.recording:  # else the call keeps NULL_TRACE: no attributes are built for nothing
+        call.trace = deps.tracer.trace(f"POST {door.route}", _request_attributes(call, door.route))
     tally.call = call
     pipeline = tenant.pipeline
     payload = await pipeline.prepare(call)
 
     sent = time.perf_counter()
-    upstream_span = call.trace.start(*_provider_call(tenant, payload), client=True)
+    upstream_span = (
+        call.trace.start(*_provider_call(tenant, payload), client=True)
+        if deps.tracer.recording
+        else NULL_SPAN
+    )
     try:
         response = await door.send(tenant, call, payload, caller.client_key)
     except UpstreamError as exc:
@@ -244,16 +250,20 @@ async def _exchange(
             await persist(buffered_outcome(exc.status, exc.message.encode()))  # recorded as failed
             raise
     upstream_seconds = time.perf_counter() - sent
-    outcome = door.outcome(status, body)
-    _ended(upstream_span, outcome, outcome.error)
+    # A pure proxy, untraced, does nothing with the answer: it is not read into an outcome.
+    outcome = (
+        door.outcome(status, body) if pipeline.completes or early or upstream_span is not NULL_SPAN else None
+    )
+    if outcome is not None:
+        _ended(upstream_span, outcome, outcome.error)
     status, body = door.answer(status, body)
     overhead = overhead_header(request, upstream_seconds)
     headers = [*to_client(response.headers, decoded=True), *parsed.headers, *_context_headers(call), overhead]
     tally.timings = (float(overhead[1]) / 1000, upstream_seconds)
     done = None
-    if early:
+    if outcome is not None and early:
         await persist_first(outcome)
-    else:
+    elif outcome is not None:
         done = BackgroundTask(persist, outcome)  # after the last byte: the client never waits for it
     reply = Response(body, status_code=status, background=done)
     reply.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
@@ -301,6 +311,8 @@ def _provider_call(tenant: Tenant, payload: ChatPayload) -> tuple[str, dict[str,
 
 def _ended(span: Span, outcome: ChatOutcome | None, error: str | None) -> None:
     """End the provider call's span with what came back: model, token usage, finish reasons."""
+    if span is NULL_SPAN:
+        return
     if outcome is not None:
         usage = outcome.usage or {}
         reasons = [str(c["finish_reason"]) for c in outcome.choices if c.get("finish_reason")]

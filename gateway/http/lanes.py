@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.http.errors import error_body
-from gateway.http.middleware import AuthMiddleware, send_error, stamp
+from gateway.http.middleware import AuthMiddleware, RequestIds, send_error
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +26,10 @@ class _Entry:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._ids = RequestIds()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        header = stamp(scope)
+        header = self._ids.stamp(scope)
         started = False
 
         async def send_with_id(message: Message) -> None:

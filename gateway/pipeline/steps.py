@@ -38,6 +38,8 @@ class ChatPipeline:
         self._counters = counters
         self._prepare = tuple(prepare)
         self._complete = tuple(complete)
+        # False for a pure proxy: nothing is done with the answer, which then need not be read at all.
+        self.completes = bool(self._complete)
 
     async def prepare(self, call: ChatCall) -> ChatPayload:
         original = ChatPayload(call.body, call.raw)
