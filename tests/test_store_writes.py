@@ -6,6 +6,7 @@ NUL character is stored like any other."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable
@@ -204,6 +205,35 @@ def test_ids_with_a_nul_character_name_one_conversation_and_one_user(
     conversation = get(gateway, f"/conversations/{first['x-conversation-id']}").json()
     assert conversation["user_id"].startswith("sha256:")
     assert rows_of(database_url, first["x-conversation-id"]) == 4
+
+
+def _migrate_in_a_process(database_url: str, start: Any, results: Any) -> None:
+    engine = build_engine(database_url)
+    try:
+        start.wait(60)  # a barrier: every process is ready before any migrates
+        results.put(migrations.migrate(engine))
+    except Exception as exc:  # reported to the test, which names it
+        results.put(repr(exc))
+    finally:
+        engine.dispose()
+
+
+def test_processes_starting_together_apply_each_migration_once(database_url: str) -> None:
+    """`serve --workers N` (or replicas) start at once on an empty database: one process applies the
+    migrations, the others wait and find them done; none fails (SQLite raced to a UNIQUE error here)."""
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(3), context.Queue()
+    processes = [
+        context.Process(target=_migrate_in_a_process, args=(database_url, start, results)) for _ in range(3)
+    ]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(30)
+    assert all(isinstance(o, list) for o in outcomes), outcomes
+    applied = sorted(outcomes, key=len)
+    assert applied[0] == applied[1] == [] and applied[2] == [name for name, _ in migrations.MIGRATIONS]
 
 
 def test_the_sent_block_survives_the_migration_a_nul_and_is_forgotten_per_user(database_url: str) -> None:

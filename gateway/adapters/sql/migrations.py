@@ -102,6 +102,11 @@ def migrate(engine: Engine) -> list[str]:
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _PG_LOCK_ID})
+        elif connection.dialect.name == "sqlite":
+            # pysqlite opens no transaction before DDL, so processes of `serve --workers N` starting
+            # together would each apply every migration; the write lock taken now serialises them
+            # (the others wait on the busy timeout, then find the migrations done).
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
         connection.execute(
             text(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
