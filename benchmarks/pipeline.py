@@ -398,6 +398,13 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32, help="part 4: connections (32)")
     parser.add_argument("--lengths", default="1000,10000", help="part 3: conversation lengths")
     parser.add_argument(
+        "--api-embedder",
+        action="store_true",
+        help="part 3: embeddings from the fake provider's /v1/embeddings (3 dimensions) instead of the "
+        "local model, for the import and the requests; the goal then counts that call as the query "
+        "embedding",
+    )
+    parser.add_argument(
         "--before", type=Path, help="part 3: a checkout of an older commit, measured last in the same run"
     )
     parser.add_argument(
@@ -424,18 +431,22 @@ def main() -> None:
     print(f"\nwritten: {out / name}  (cpu count {os.cpu_count()})")
 
 
-def imported(length: int, upstream_url: str, directory: Path, cache: Path | None) -> float | None:
+def imported(
+    length: int, upstream_url: str, directory: Path, cache: Path | None, api_embedder: bool = False
+) -> float | None:
     """Fill `directory` with one conversation of `length` messages imported in one request, indexed,
     summarised and with its memory learnt, by a gateway with every feature on; with `cache`, copied from
     there when an earlier run saved it (the bodies are deterministic), else saved there afterwards.
-    Returns the import's seconds (None: from the cache)."""
-    saved = cache / f"length-{length}-v2" if cache is not None else None
+    Returns the import's seconds (None: from the cache). `api_embedder`: the provider's embeddings (the
+    fake's, 3 dimensions) instead of the local model, whose 10,000-message import takes about an hour."""
+    name = f"length-{length}-api-v1" if api_embedder else f"length-{length}-v2"
+    saved = cache / name if cache is not None else None
     if saved is not None and (saved / "gateway.db").exists():
         shutil.copytree(saved, directory, dirs_exist_ok=True)
         return None
     warm, _ = full_history_bodies(length, 0)
     directory.mkdir(parents=True, exist_ok=True)
-    config = config_file(directory, upstream_url, everything=True)
+    config = config_file(directory, upstream_url, everything=True, api_embedder=api_embedder)
     port = free_port()
     args = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
     gateway_url = f"http://127.0.0.1:{port}"
@@ -452,7 +463,12 @@ def imported(length: int, upstream_url: str, directory: Path, cache: Path | None
 
 
 def length_scenario(
-    upstream_url: str, length: int, requests: int, before: Path | None, cache: Path | None
+    upstream_url: str,
+    length: int,
+    requests: int,
+    before: Path | None,
+    cache: Path | None,
+    api_embedder: bool = False,
 ) -> dict[str, dict[str, float]]:
     """One conversation of `length` messages resent in full with one new turn per request. The pure
     pass-through gateway first (nothing stored), then on one data directory (the imported conversation)
@@ -463,7 +479,7 @@ def length_scenario(
     figures: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-length-") as tmp:
         directory = Path(tmp) / "data"
-        seconds = imported(length, upstream_url, directory, cache)
+        seconds = imported(length, upstream_url, directory, cache, api_embedder)
         print(
             f"  {length:,} messages "
             + (f"imported and processed in {seconds:.0f} s" if seconds else f"copied from {cache}"),
@@ -481,9 +497,9 @@ def length_scenario(
             chunk = bodies[number * requests : (number + 1) * requests]
             where = Path(tmp) / "pass" if options.get("pass_through") else directory
             where.mkdir(exist_ok=True)
-            config = config_file(where, upstream_url, **options)
+            config = config_file(where, upstream_url, api_embedder=api_embedder, **options)
             if cwd != ROOT:  # an older checkout may not know the newer settings
-                config = config_file(where, upstream_url)
+                config = config_file(where, upstream_url, api_embedder=api_embedder)
             port = free_port()
             args = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
             gateway_url = f"http://127.0.0.1:{port}"
@@ -498,6 +514,18 @@ def length_scenario(
                 health = httpx.get(f"{gateway_url}/healthz").json()
                 figures[label]["body_messages_reused"] = health["counters"].get("body_messages_reused", 0)
     return figures
+
+
+def api_embedding_ms(upstream_url: str, count: int = 60) -> float:
+    """p50 of one question embedded by the fake provider's /v1/embeddings, over a kept connection."""
+    times = []
+    with httpx.Client(timeout=60) as client:
+        for i in range(count):
+            started = time.perf_counter()
+            body = {"model": "fake-embed", "input": [text_of(40, 7_000_000 + i)], "dimensions": 3}
+            client.post(f"{upstream_url}/embeddings", json=body).raise_for_status()
+            times.append((time.perf_counter() - started) * 1000)
+    return percentile(times[5:], 0.5)
 
 
 def query_embedding_ms(count: int = 60) -> float:
@@ -539,7 +567,7 @@ def length_part(args: argparse.Namespace, requests: int, results: dict[str, Any]
     rows = results["length"]
     with fake_upstream(upstream_url):
         for length in (int(n) for n in args.lengths.split(",")):
-            figures = length_scenario(upstream_url, length, requests, args.before, cache)
+            figures = length_scenario(upstream_url, length, requests, args.before, cache, args.api_embedder)
             print(header)
             for label, f in figures.items():
                 rows.append({"length": length, "gateway": label, **f})
@@ -549,9 +577,15 @@ def length_part(args: argparse.Namespace, requests: int, results: dict[str, Any]
                     f" {f['body_messages_reused']:8,d}",
                     flush=True,
                 )
-    embedding = query_embedding_ms()
+    if args.api_embedder:
+        with fake_upstream(upstream_url):
+            embedding = api_embedding_ms(upstream_url)
+        print(f"query embedding (the fake provider's /v1/embeddings, one request) p50: {embedding:.2f} ms")
+    else:
+        embedding = query_embedding_ms()
+        print(f"query embedding (local MiniLM, 1 thread) p50: {embedding:.2f} ms")
     results["query_embedding_p50_ms"] = embedding
-    print(f"query embedding (local MiniLM, 1 thread) p50: {embedding:.2f} ms")
+    results["embedder"] = "provider (fake, 3 dimensions)" if args.api_embedder else "local MiniLM"
     added = {(r["length"], r["gateway"]): r["added_p50"] for r in rows}
     lengths = sorted({r["length"] for r in rows})
     goals: dict[str, Any] = {}
