@@ -4,6 +4,7 @@ exact terms, semantic ranking, text-before-vectors, idempotence, tenant isolatio
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import shutil
 import time
@@ -680,6 +681,32 @@ def test_a_process_compacts_at_its_first_write_what_an_earlier_one_left_unindexe
     later = LanceIndex.open(uri, "left", DIMS, optimize_every_writes=1_000, optimize_every_rows=100_000)
     run(later.add([row("next", "the next process's first write")]))
     assert unindexed(uri, "left") == 0
+
+
+def test_compactions_are_not_preempted_by_the_processs_own_concurrent_writes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two job workers filling in vectors while a compaction runs: Lance refuses a compaction that a
+    concurrent update preempts, which left a bulk import's rows out of the full-text index (every
+    compaction of the import failed). This process's writes now wait for its compaction."""
+    uri = str(tmp_path / "db")
+    index = LanceIndex.open(uri, "busy", DIMS, optimize_every_writes=4)
+
+    async def worker(name: str) -> None:
+        for i in range(30):
+            await index.add([row(f"{name}{i}", f"{name} note {i} about the weather")])
+            await index.set_vectors("acme", {f"{name}{i}:m": unit(1, i / 30, 0.5, 0.1)})
+
+    async def scenario() -> None:
+        await index.add([row("first", "indexes are made with the first write")])
+        await asyncio.gather(worker("a"), worker("b"))
+        await index.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="gateway"):
+        run(scenario())
+    failed = [r.getMessage() for r in caplog.records if "compaction failed" in r.getMessage()]
+    assert failed == []
+    assert lancedb.connect(uri).open_table("busy").count_rows() == 61
 
 
 def test_engine_failures_become_search_index_errors(tmp_path: Path) -> None:

@@ -142,6 +142,7 @@ class LanceMemoryVectors:
         self._optimize_every_writes = optimize_every_writes
         self._writes = 0
         self._optimizing = False
+        self._writing = anyio.Lock()  # this process's upserts and compactions, one at a time
 
     @classmethod
     def open(
@@ -197,7 +198,8 @@ class LanceMemoryVectors:
                     await table.create_index(column, config=config)
                 self._indexes_ready = True
 
-        await self._engine("upsert", merge)
+        async with self._writing:
+            await self._engine("upsert", merge)
         await self._wrote()
 
     async def delete(self, tenant: str, memory_ids: Sequence[str]) -> None:
@@ -230,7 +232,11 @@ class LanceMemoryVectors:
             return
         self._optimizing = True
         try:
-            await self._engine("optimize", lambda table: table.optimize(cleanup_older_than=_KEEP_VERSIONS))
+            # Upserts wait (see LanceIndex.optimize: a concurrent update preempts a compaction).
+            async with self._writing:
+                await self._engine(
+                    "optimize", lambda table: table.optimize(cleanup_older_than=_KEEP_VERSIONS)
+                )
         finally:
             self._optimizing = False
             self._writes = 0
