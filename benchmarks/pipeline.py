@@ -618,7 +618,7 @@ def throughput_data(
     """`conversations` conversations of 1,000 messages each (distinct texts), imported one request each
     (four at a time) by a gateway with every feature on and the provider's embeddings, and processed
     (indexed, summarised, memory learnt); from `cache` when an earlier run saved them."""
-    saved = cache / f"throughput-{conversations}x{THROUGHPUT_LENGTH}-v1" if cache is not None else None
+    saved = cache / f"throughput-{conversations}x{THROUGHPUT_LENGTH}-v2" if cache is not None else None
     if saved is not None and (saved / "gateway.db").exists():
         shutil.copytree(saved, directory, dirs_exist_ok=True)
         return None
