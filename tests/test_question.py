@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gateway.pipeline.context.question import analyse, contains_term, exact_terms, named_terms, time_range_of
+from gateway.pipeline.context.question import (
+    _WORD_CHAR,
+    analyse,
+    contains_term,
+    exact_terms,
+    named_terms,
+    time_range_of,
+)
 
 NOW = datetime(2026, 3, 18, 15, 30, tzinfo=UTC)  # a Wednesday
 
@@ -95,6 +105,18 @@ def test_terms_match_whole_tokens_only() -> None:
     assert not contains_term("released in 2010", "010")
     assert contains_term("see parse_config.py line 3", "parse_config.py")
     assert not contains_term("see parse_config.pyc", "parse_config.py")
+    assert contains_term("中文8443", "8443")  # a CJK character is no word character: a boundary
+    assert not contains_term("port 8443x", "8443") and contains_term("8443", "8443")
+
+
+_TEXTS = st.text(alphabet="ab1 ._-é中ü/A", max_size=14)
+
+
+@given(_TEXTS, st.text(alphabet="ab1 ._-é中ü/A", min_size=1, max_size=4))
+def test_whole_token_match_is_the_boundary_pattern(text: str, term: str) -> None:
+    """contains_term finds by str.find plus a check on each side; the definition is the pattern."""
+    pattern = re.compile(rf"(?<!{_WORD_CHAR}){re.escape(term)}(?!{_WORD_CHAR})")
+    assert contains_term(text, term) == (pattern.search(text) is not None)
 
 
 @pytest.mark.parametrize(
