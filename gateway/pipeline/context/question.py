@@ -232,10 +232,8 @@ def contains_term(text: str, term: str) -> bool:
     held, and spent ~6 % of a core in `re`'s compiler)."""
     at = text.find(term)
     while at >= 0:
-        end = at + len(term)
-        if (at == 0 or _ONE_WORD_CHAR.match(text, at - 1) is None) and _ONE_WORD_CHAR.match(
-            text, end
-        ) is None:
+        starts = at == 0 or _ONE_WORD_CHAR.match(text, at - 1) is None
+        if starts and _ONE_WORD_CHAR.match(text, at + len(term)) is None:
             return True
         at = text.find(term, at + 1)
     return False
