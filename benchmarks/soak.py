@@ -142,7 +142,9 @@ class Soak:
         for url, process in self.gateways:
             while True:
                 if process.poll() is not None:
-                    raise SystemExit(f"gateway at {url} exited at start: see {self.workdir}")
+                    log = self.logs[self.processes.index(process)]
+                    tail = log.read_text(errors="replace")[-3000:]  # the cause, where CI prints it
+                    raise SystemExit(f"gateway at {url} exited at start ({log}):\n{tail}")
                 with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
                         break

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import multiprocessing
 import shutil
 import time
 from collections.abc import Coroutine, Iterator
@@ -928,3 +929,38 @@ def test_concurrent_adds_of_the_same_new_rows_store_each_once(tmp_path: Path) ->
     ids_held = [row_id for row_id, _ in held]
     assert len(ids_held) == 21 and len(set(ids_held)) == 21
     assert all(has_vector for _, has_vector in held)
+
+
+def _open_in_a_process(uri: str, start: Any, results: Any) -> None:
+    from gateway.adapters.lance_memories import LanceMemoryVectors
+
+    try:
+        start.wait(60)  # a barrier: every process is ready before any opens
+        LanceIndex.open(uri, "messages_shared", DIMS)
+        LanceMemoryVectors.open(uri, "memories_shared", DIMS)
+        results.put("opened")
+    except Exception as exc:  # reported to the test, which names it
+        results.put(repr(exc))
+
+
+def test_replicas_opening_one_new_directory_together_all_start(tmp_path: Path) -> None:
+    """Replicas (or `serve --workers N`) start at once on one empty LanceDB directory: they race to create
+    each table, declare its key and add columns; every one starts (before, most such starts had one lose
+    with a commit conflict, a changed schema or a key already set, and that gateway exited)."""
+    context = multiprocessing.get_context("spawn")
+    for round_ in range(3):  # the race is timing's: three fresh directories
+        uri = str(tmp_path / f"shared-{round_}")
+        start, results = context.Barrier(3), context.Queue()
+        processes = [context.Process(target=_open_in_a_process, args=(uri, start, results)) for _ in range(3)]
+        for process in processes:
+            process.start()
+        outcomes = [results.get(timeout=120) for _ in processes]
+        for process in processes:
+            process.join(30)
+        assert outcomes == ["opened"] * 3, outcomes
+        table = lancedb.connect(uri).open_table("messages_shared")
+        assert "dated" in table.schema.names and table.count_rows() == 0
+        index = LanceIndex.open(uri, "messages_shared", DIMS)
+        run(index.add([row("a", "after the race ECONNRESET")]))
+        assert ids(run(index.search(query("ECONNRESET"))).keyword) == ["a"]
+        run(index.aclose())

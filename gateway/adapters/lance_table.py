@@ -4,6 +4,8 @@ indexes, the asyncio handle opened in the running loop, and the engine's errors 
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -46,6 +48,13 @@ def missing_indexes(existing: Iterable[IndexConfig], wanted: IndexConfigs) -> In
     return {column: config for column, config in wanted.items() if column not in indexed}
 
 
+# Replicas starting together on one directory race to create the table, declare its key, add columns:
+# the losers see a conflict, a schema that changed under them, or a key set since they read. Every step
+# checks before it acts, so opening again sees the winner's work and goes on.
+OPEN_ATTEMPTS = 6
+OPEN_RETRY_SECONDS = 0.05
+
+
 def open_table(
     uri: str,
     name: str,
@@ -61,39 +70,56 @@ def open_table(
     """Open (creating if missing) the table `name` under `uri`, check its vectors' size, `upgrade` an
     older table (e.g. add a column), declare `key` (the columns writes merge on) its primary key, and
     build missing indexes. Returns whether the indexes are ready (some engine versions refuse to index an
-    empty table: the first write builds them then).
+    empty table: the first write builds them then). A step that loses a race with another process opening
+    the same table is retried from the start, a few times, with a growing random pause.
 
     The declared key is what makes concurrent merge_inserts of the same new rows safe: without it two
     writers (two job workers, two replicas) that both find an id absent both insert it, and the table
     holds it twice (lance-format/lance#4585; seen here by `context-gateway verify`). With it the later
     commit conflicts and is retried against the rows the first one wrote."""
-    try:
-        # Start-up only: the blocking API, since this may run inside or outside an event loop.
-        db = lancedb.connect(uri, read_consistency_interval=consistency, storage_options=storage_options)
+    for attempt in range(OPEN_ATTEMPTS):
         try:
-            table = db.open_table(name)
-        except ValueError:  # not there yet; exist_ok: another replica may be creating it right now
-            table = db.create_table(name, schema=schema, exist_ok=True)
-        if upgrade is not None:
-            upgrade(table)
-        if not all(PRIMARY_KEY_METADATA in (table.schema.field(c).metadata or {}) for c in key):
-            if not isinstance(table, LanceTable):
-                raise SearchIndexError(
-                    f"index table {name!r}: this LanceDB table cannot declare a primary key"
-                )
-            table.set_unenforced_primary_key(list(key))
-        found = table.schema.field("vector").type
-        if not pa.types.is_fixed_size_list(found) or found.list_size != dimensions:
-            raise SearchIndexError(f"index table {name!r} holds vectors of type {found}, not {dimensions}-d")
-        try:
-            for column, config in missing_indexes(table.list_indices(), indexes).items():
-                table.create_index(column, config=config)
+            # Start-up only: the blocking API, since this may run inside or outside an event loop.
+            db = lancedb.connect(uri, read_consistency_interval=consistency, storage_options=storage_options)
+            table = _declared(db, name, schema, dimensions, key, upgrade)
+            break
         except ENGINE_ERRORS as exc:
-            log.info("index table %s: indexes deferred until it has rows (%s)", name, exc)
-            return False
-        return True
+            if attempt == OPEN_ATTEMPTS - 1:
+                raise SearchIndexError(f"cannot open index table {name!r} at {uri}: {exc}") from exc
+            log.info("index table %s: opening again after %s", name, exc)
+            time.sleep(OPEN_RETRY_SECONDS * 2**attempt * (1 + random.random()))
+    try:
+        for column, config in missing_indexes(table.list_indices(), indexes).items():
+            table.create_index(column, config=config)
     except ENGINE_ERRORS as exc:
-        raise SearchIndexError(f"cannot open index table {name!r} at {uri}: {exc}") from exc
+        log.info("index table %s: indexes deferred until it has rows (%s)", name, exc)
+        return False
+    return True
+
+
+def _declared(
+    db: lancedb.DBConnection,
+    name: str,
+    schema: pa.Schema,
+    dimensions: int,
+    key: Sequence[str],
+    upgrade: Callable[[Table], None] | None,
+) -> Table:
+    """The table `name`, created if missing, upgraded, its key declared and its vectors' size checked."""
+    try:
+        table = db.open_table(name)
+    except ValueError:  # not there yet; exist_ok: another replica may be creating it right now
+        table = db.create_table(name, schema=schema, exist_ok=True)
+    if upgrade is not None:
+        upgrade(table)
+    if not all(PRIMARY_KEY_METADATA in (table.schema.field(c).metadata or {}) for c in key):
+        if not isinstance(table, LanceTable):
+            raise SearchIndexError(f"index table {name!r}: this LanceDB table cannot declare a primary key")
+        table.set_unenforced_primary_key(list(key))
+    found = table.schema.field("vector").type
+    if not pa.types.is_fixed_size_list(found) or found.list_size != dimensions:
+        raise SearchIndexError(f"index table {name!r} holds vectors of type {found}, not {dimensions}-d")
+    return table
 
 
 async def nearest(
