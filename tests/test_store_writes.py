@@ -10,6 +10,7 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,33 @@ def test_processes_starting_together_apply_each_migration_once(database_url: str
     assert all(isinstance(o, list) for o in outcomes), outcomes
     applied = sorted(outcomes, key=len)
     assert applied[0] == applied[1] == [] and applied[2] == [name for name, _ in migrations.MIGRATIONS]
+
+
+def test_connections_opening_a_new_sqlite_file_together_all_get_wal(tmp_path: Path) -> None:
+    """Each new connection switches the file to WAL; SQLite refuses that switch at once ("database is
+    locked", no busy wait) while another connection holds a lock, which failed about one start in four of
+    three processes on a new file (`serve --workers N`). Here: engines of their own in threads (the same
+    locks as processes, started faster), sixty fresh files, eight at once each."""
+    for round_ in range(60):
+        url = f"sqlite:///{tmp_path}/new-{round_}.db"
+        engines = [build_engine(url) for _ in range(8)]
+        start = threading.Barrier(len(engines))
+
+        def open_one(engine: Any, start: threading.Barrier = start) -> object:
+            start.wait(30)
+            try:
+                with engine.connect() as connection:
+                    return connection.exec_driver_sql("PRAGMA journal_mode").scalar()
+            except Exception as exc:
+                return repr(exc)
+
+        try:
+            with ThreadPoolExecutor(len(engines)) as pool:
+                outcomes = list(pool.map(open_one, engines))
+        finally:
+            for engine in engines:
+                engine.dispose()
+        assert outcomes == ["wal"] * len(engines), outcomes
 
 
 def test_the_sent_block_survives_the_migration_a_nul_and_is_forgotten_per_user(database_url: str) -> None:

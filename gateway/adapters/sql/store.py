@@ -6,6 +6,8 @@ cost more than running it) and plain-column rows, no ORM objects; the read API m
 
 from __future__ import annotations
 
+import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -160,13 +162,33 @@ def build_engine(url: str) -> Engine:
         @event.listens_for(engine, "connect")
         def _pragmas(connection: object, _record: object) -> None:
             cursor = connection.cursor()  # type: ignore[attr-defined]
-            cursor.execute("PRAGMA journal_mode=WAL")
+            _write_ahead_log(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
         return engine
     return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True, **serialise)
+
+
+_WAL_WAIT_SECONDS = 30.0  # as long as a connection waits for a lock (the `timeout` above)
+
+
+def _write_ahead_log(cursor: sqlite3.Cursor) -> None:
+    """Put the database in WAL mode (kept in the file: once is enough). The switch takes the file's
+    exclusive lock and SQLite answers "database is locked" at once, without its busy wait, when another
+    process holds a lock: processes starting together on a new file (`serve --workers N`) each try it,
+    so a locked switch is tried again until the mode is WAL or the wait is over."""
+    deadline = time.monotonic() + _WAL_WAIT_SECONDS
+    while True:
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _aware(value: datetime) -> datetime:
