@@ -148,6 +148,9 @@ def normalise_url(url: str) -> str:
     return url
 
 
+_LOCK_WAIT_SECONDS = 30.0  # how long a SQLite connection waits for another's lock
+
+
 def build_engine(url: str) -> Engine:
     url = normalise_url(url)
     parsed = make_url(url)
@@ -156,7 +159,10 @@ def build_engine(url: str) -> Engine:
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=8, **serialise
+            url,
+            connect_args={"check_same_thread": False, "timeout": _LOCK_WAIT_SECONDS},
+            pool_size=8,
+            **serialise,
         )
 
         @event.listens_for(engine, "connect")
@@ -171,15 +177,12 @@ def build_engine(url: str) -> Engine:
     return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True, **serialise)
 
 
-_WAL_WAIT_SECONDS = 30.0  # as long as a connection waits for a lock (the `timeout` above)
-
-
 def _write_ahead_log(cursor: sqlite3.Cursor) -> None:
     """Put the database in WAL mode (kept in the file: once is enough). The switch takes the file's
     exclusive lock and SQLite answers "database is locked" at once, without its busy wait, when another
     process holds a lock: processes starting together on a new file (`serve --workers N`) each try it,
     so a locked switch is tried again until the mode is WAL or the wait is over."""
-    deadline = time.monotonic() + _WAL_WAIT_SECONDS
+    deadline = time.monotonic() + _LOCK_WAIT_SECONDS
     while True:
         try:
             if cursor.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
