@@ -964,3 +964,42 @@ def test_replicas_opening_one_new_directory_together_all_start(tmp_path: Path) -
         run(index.add([row("a", "after the race ECONNRESET")]))
         assert ids(run(index.search(query("ECONNRESET"))).keyword) == ["a"]
         run(index.aclose())
+
+
+def _add_in_a_process(uri: str, start: Any, results: Any) -> None:
+    try:
+        index = LanceIndex.open(uri, "messages_shared", DIMS, optimize_every_writes=10**6)
+
+        async def scenario() -> None:
+            for round_ in range(6):
+                start.wait(60)  # each round's rows added by every process at the same moment
+                await index.add(
+                    [row(f"n{round_}-{i}", f"text {i}", vector=unit(1, i, 0, 0)) for i in range(4)]
+                )
+
+        run(scenario())
+        results.put("added")
+    except Exception as exc:  # reported to the test, which names it
+        results.put(repr(exc))
+
+
+def test_processes_adding_the_same_new_rows_at_once_store_each_once(tmp_path: Path) -> None:
+    """Processes of `serve --workers N` (or replicas on one directory) indexing the same messages at
+    once, after the table's `id` index is built: each row once. Lance let both inserts through (three
+    processes stored 92 rows for 36 ids); the host-wide write lock serialises them."""
+    uri = str(tmp_path / "lancedb")
+    index = LanceIndex.open(uri, "messages_shared", DIMS)
+    run(index.add([row("seed", "seed text", vector=unit(1, 0, 0, 0))]))
+    run(index.optimize())
+    run(index.aclose())
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(3), context.Queue()
+    processes = [context.Process(target=_add_in_a_process, args=(uri, start, results)) for _ in range(3)]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(30)
+    assert outcomes == ["added"] * 3, outcomes
+    held = lancedb.connect(uri).open_table("messages_shared").to_arrow().column("id").to_pylist()
+    assert len(held) == 25 and len(set(held)) == 25

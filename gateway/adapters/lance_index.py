@@ -31,7 +31,14 @@ from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.query import BooleanQuery, FullTextOperator, FullTextQuery, MatchQuery, Occur, PhraseQuery
 from lancedb.table import AsyncTable, Table
 
-from gateway.adapters.lance_table import LanceHandle, matching, missing_indexes, nearest, open_table
+from gateway.adapters.lance_table import (
+    LanceHandle,
+    WriteLock,
+    matching,
+    missing_indexes,
+    nearest,
+    open_table,
+)
 from gateway.adapters.vector_cache import COLUMNS, DELTA_MARGIN, Entry, Key, VectorCache, from_micros
 from gateway.errors import SearchIndexError
 from gateway.pipeline.text import cjk_bigrams
@@ -307,12 +314,8 @@ class LanceIndex:
         self._cache = VectorCache(cache_rows) if cache_rows > 0 else None
         self._refreshing: dict[Key, anyio.Lock] = {}
         self._too_big: set[Key] = set()
-        # One merge at a time in this process. The declared primary key makes concurrent merges of the
-        # same new ids conflict (and retry) only while the engine records the inserted keys, which it
-        # stops doing once `id` has its scalar index (after the first optimize; lance-format/lance#9238):
-        # two job workers of one process could then both insert a row. Replicas can still race that
-        # way (rare: two of them indexing the same messages at once); `context-gateway verify` finds it.
-        self._writing = anyio.Lock()
+        # One merge at a time in this process and, for a local directory, on this host (WriteLock).
+        self._writing = WriteLock(uri, name)
 
     @classmethod
     def open(

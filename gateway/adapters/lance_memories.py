@@ -30,7 +30,14 @@ from gateway.adapters.lance_index import (
     keyword_query,
     table_name,
 )
-from gateway.adapters.lance_table import LanceHandle, matching, missing_indexes, nearest, open_table
+from gateway.adapters.lance_table import (
+    LanceHandle,
+    WriteLock,
+    matching,
+    missing_indexes,
+    nearest,
+    open_table,
+)
 from gateway.adapters.vector_cache import from_micros
 from gateway.errors import SearchIndexError
 from gateway.memory.records import MemoryHit, MemoryQuery, MemoryRow, MemorySearchResult
@@ -142,7 +149,7 @@ class LanceMemoryVectors:
         self._optimize_every_writes = optimize_every_writes
         self._writes = 0
         self._optimizing = False
-        self._writing = anyio.Lock()  # this process's upserts and compactions, one at a time
+        self._writing = WriteLock(uri, name)  # upserts and compactions, one at a time
 
     @classmethod
     def open(

@@ -3,15 +3,19 @@ indexes, the asyncio handle opened in the running loop, and the engine's errors 
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import TypeVar
 
 import anyio
+import anyio.to_thread
 import lancedb
 import numpy as np
 import numpy.typing as npt
@@ -150,6 +154,46 @@ async def matching(
         .select([*columns, "_score"])
         .to_arrow()
     )
+
+
+class WriteLock:
+    """One write at a time to a table: this process's tasks (an anyio lock) and, for a table in a local
+    directory, every process of the host (an exclusive `flock` on a file beside the table).
+
+    Lance lets merge_inserts of the same new ids running at once in two processes both insert them once
+    `id` has its scalar index, declared key or not (lance-format/lance#9238): measured here, three
+    processes adding the same 36 new rows stored 92. Processes of `serve --workers N`, and replicas
+    sharing one directory, index the same messages at once often enough (the replica soak found it). On
+    object storage there is no such lock: replicas there can still race (`context-gateway verify` finds
+    it)."""
+
+    def __init__(self, uri: str, name: str) -> None:
+        self._tasks = anyio.Lock()
+        local = "://" not in uri or uri.startswith("file://")
+        self._path = Path(uri.removeprefix("file://")) / f".{name}.write-lock" if local else None
+        self._fd: int | None = None
+
+    async def __aenter__(self) -> None:
+        await self._tasks.acquire()
+        if self._path is None:
+            return
+        try:
+            if self._fd is None:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+            # Shielded: a cancellation arriving while the thread waits must not leave the lock taken.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(fcntl.flock, self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._tasks.release()
+            raise
+
+    async def __aexit__(self, *_exc: object) -> None:
+        try:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._tasks.release()
 
 
 class LanceHandle:
