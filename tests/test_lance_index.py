@@ -1003,3 +1003,17 @@ def test_processes_adding_the_same_new_rows_at_once_store_each_once(tmp_path: Pa
     assert outcomes == ["added"] * 3, outcomes
     held = lancedb.connect(uri).open_table("messages_shared").to_arrow().column("id").to_pylist()
     assert len(held) == 25 and len(set(held)) == 25
+
+
+def test_a_write_lock_that_cannot_be_taken_is_an_index_error(tmp_path: Path) -> None:
+    """The host-wide write lock's file cannot be opened (here a directory stands in its place; a full
+    or read-only disk does the same): the write fails as an index error, and the next one can go on."""
+    uri = str(tmp_path / "lancedb")
+    index = LanceIndex.open(uri, "messages_locked", DIMS)
+    blocker = tmp_path / "lancedb" / ".messages_locked.write-lock"
+    blocker.mkdir()
+    with pytest.raises(SearchIndexError, match="cannot lock"):
+        run(index.add([row("a", "alpha ECONNRESET")]))
+    blocker.rmdir()
+    run(index.add([row("a", "alpha ECONNRESET")]))
+    assert ids(run(index.search(query("ECONNRESET"))).keyword) == ["a"]

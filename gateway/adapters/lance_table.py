@@ -184,6 +184,9 @@ class WriteLock:
             # Shielded: a cancellation arriving while the thread waits must not leave the lock taken.
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(fcntl.flock, self._fd, fcntl.LOCK_EX)
+        except OSError as exc:  # e.g. a full or read-only disk: an index error, as the write's own would be
+            self._tasks.release()
+            raise SearchIndexError(f"cannot lock {self._path} for writing: {exc}") from exc
         except BaseException:
             self._tasks.release()
             raise
