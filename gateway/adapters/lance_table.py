@@ -180,7 +180,9 @@ class WriteLock:
         try:
             if self._fd is None:
                 self._path.parent.mkdir(parents=True, exist_ok=True)
-                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+                # Read-only: flock needs no more, and a file held open for writing would keep its file
+                # system from being remounted read-only.
+                self._fd = os.open(self._path, os.O_RDONLY | os.O_CREAT, 0o644)
             # Shielded: a cancellation arriving while the thread waits must not leave the lock taken.
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(fcntl.flock, self._fd, fcntl.LOCK_EX)
