@@ -931,6 +931,20 @@ def test_concurrent_adds_of_the_same_new_rows_store_each_once(tmp_path: Path) ->
     assert all(has_vector for _, has_vector in held)
 
 
+def _in_three_processes(target: Any, uri: str) -> list[object]:
+    """Run `target(uri, start, results)` in three spawned processes sharing a barrier; each one's
+    outcome, as it put it in `results`."""
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(3), context.Queue()
+    processes = [context.Process(target=target, args=(uri, start, results)) for _ in range(3)]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(30)
+    return outcomes
+
+
 def _open_in_a_process(uri: str, start: Any, results: Any) -> None:
     from gateway.adapters.lance_memories import LanceMemoryVectors
 
@@ -947,16 +961,9 @@ def test_replicas_opening_one_new_directory_together_all_start(tmp_path: Path) -
     """Replicas (or `serve --workers N`) start at once on one empty LanceDB directory: they race to create
     each table, declare its key and add columns; every one starts (before, most such starts had one lose
     with a commit conflict, a changed schema or a key already set, and that gateway exited)."""
-    context = multiprocessing.get_context("spawn")
     for round_ in range(3):  # the race is timing's: three fresh directories
         uri = str(tmp_path / f"shared-{round_}")
-        start, results = context.Barrier(3), context.Queue()
-        processes = [context.Process(target=_open_in_a_process, args=(uri, start, results)) for _ in range(3)]
-        for process in processes:
-            process.start()
-        outcomes = [results.get(timeout=120) for _ in processes]
-        for process in processes:
-            process.join(30)
+        outcomes = _in_three_processes(_open_in_a_process, uri)
         assert outcomes == ["opened"] * 3, outcomes
         table = lancedb.connect(uri).open_table("messages_shared")
         assert "dated" in table.schema.names and table.count_rows() == 0
@@ -992,14 +999,7 @@ def test_processes_adding_the_same_new_rows_at_once_store_each_once(tmp_path: Pa
     run(index.add([row("seed", "seed text", vector=unit(1, 0, 0, 0))]))
     run(index.optimize())
     run(index.aclose())
-    context = multiprocessing.get_context("spawn")
-    start, results = context.Barrier(3), context.Queue()
-    processes = [context.Process(target=_add_in_a_process, args=(uri, start, results)) for _ in range(3)]
-    for process in processes:
-        process.start()
-    outcomes = [results.get(timeout=120) for _ in processes]
-    for process in processes:
-        process.join(30)
+    outcomes = _in_three_processes(_add_in_a_process, uri)
     assert outcomes == ["added"] * 3, outcomes
     held = lancedb.connect(uri).open_table("messages_shared").to_arrow().column("id").to_pylist()
     assert len(held) == 25 and len(set(held)) == 25
