@@ -405,7 +405,15 @@ def main() -> None:
         "embedding",
     )
     parser.add_argument(
-        "--before", type=Path, help="part 3: a checkout of an older commit, measured last in the same run"
+        "--before",
+        type=Path,
+        help="parts 3 and 4: a checkout of an older commit, measured last in the same run (part 4: its "
+        "full pipeline with one worker)",
+    )
+    parser.add_argument(
+        "--rows",
+        help="part 4: only these rows, e.g. 'pass-through:1,full:1' (default: pass-through and full "
+        "pipeline with 1 and 2 workers)",
     )
     parser.add_argument(
         "--data-cache",
@@ -752,12 +760,18 @@ def throughput_part(args: argparse.Namespace, results: dict[str, Any]) -> None:
             flush=True,
         )
         full = {"everything": True, "api_embedder": True}
-        for label, options, workers in (
-            ("pass-through", {"pass_through": True}, 1),
-            ("pass-through", {"pass_through": True}, 2),
-            ("full pipeline", full, 1),
-            ("full pipeline", full, 2),
-        ):
+        runs: list[tuple[str, str, dict[str, Any], int, Path]] = [
+            ("pass-through:1", "pass-through", {"pass_through": True}, 1, ROOT),
+            ("pass-through:2", "pass-through", {"pass_through": True}, 2, ROOT),
+            ("full:1", "full pipeline", full, 1, ROOT),
+            ("full:2", "full pipeline", full, 2, ROOT),
+        ]
+        if args.rows:
+            wanted = set(args.rows.split(","))
+            runs = [run for run in runs if run[0] in wanted]
+        if args.before is not None:  # the older checkout's full pipeline, one worker, last
+            runs.append(("before", "full pipeline, before", full, 1, args.before.resolve()))
+        for _, label, options, workers, checkout in runs:
             where = Path(tmp) / f"run-{len(rows)}"
             if not options.get("pass_through"):  # each run on a copy of the imported data as it was
                 shutil.copytree(directory, where)
@@ -766,7 +780,7 @@ def throughput_part(args: argparse.Namespace, results: dict[str, Any]) -> None:
             port = free_port()
             argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)]
             argv += ["--workers", str(workers)]
-            proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(argv, cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 gateway_url = f"http://127.0.0.1:{port}"
                 wait_ready(f"{gateway_url}/healthz")
@@ -785,12 +799,15 @@ def throughput_part(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 {"gateway": label, "connections": connections, "conversations": conversations, **figures}
             )
             print(
-                f"  {label:14s} x{workers} {figures['rps']:7.1f} req/s  p50 {figures['p50_ms']:.1f} ms  p99 {figures['p99_ms']:.1f} ms"
+                f"  {label:22s} x{workers} {figures['rps']:7.1f} req/s  p50 {figures['p50_ms']:.1f} ms  p99 {figures['p99_ms']:.1f} ms"
                 f"  errors {figures['errors']}  gateway CPU {figures['gateway_cpu_us_per_request']:,} us/req"
                 f"  jobs queued at the end {figures['jobs_queued_at_end']}, drained in {figures['jobs_drain_s']} s",
                 flush=True,
             )
-    full = max((r for r in rows if r["gateway"] == "full pipeline"), key=lambda r: float(r["rps"]))
+    measured = [r for r in rows if r["gateway"] == "full pipeline"]
+    if not measured:
+        return
+    full = max(measured, key=lambda r: float(r["rps"]))
     results["throughput_goal"] = {
         "measured_rps": round(full["rps"], 1),
         "goal_rps": 300,
