@@ -116,6 +116,25 @@ def index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LanceIndex
     run(made.aclose())
 
 
+@pytest.fixture(params=["lance", "memory", "lance-cached"])
+def scoped(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LanceIndex | MemoryIndex]:
+    """For searches of one conversation ("c1", every row's by default): the cached variant serves both
+    rankings from its in-memory copy (vector_cache, keyword_rank), the others from the table or the fake."""
+    made: LanceIndex | MemoryIndex
+    if request.param == "memory":
+        made = MemoryIndex(DIMS)
+    else:
+        cache_rows = 10_000 if request.param == "lance-cached" else 0
+        made = LanceIndex.open(str(tmp_path / "lancedb"), "messages_test", DIMS, cache_rows=cache_rows)
+    yield made
+    run(made.aclose())
+
+
+def one(text: str = "", vector: list[float] | None = None, **filters: Any) -> SearchQuery:
+    """A query of conversation "c1"."""
+    return query(text, vector, conversation_id="c1", **filters)
+
+
 def ids(hits: list[Any]) -> list[str]:
     return [h.node_id for h in hits]
 
@@ -139,11 +158,11 @@ def fragments(table: Any) -> int:
     ],
 )
 def test_exact_terms_rank_first_among_many_rows(
-    index: LanceIndex | MemoryIndex, text: str, expected: str
+    scoped: LanceIndex | MemoryIndex, text: str, expected: str
 ) -> None:
     async def scenario() -> None:
-        await index.add(corpus())
-        result = await index.search(query(text))
+        await scoped.add(corpus())
+        result = await scoped.search(one(text))
         assert result.keyword, text
         assert result.keyword[0].node_id == expected
         assert result.semantic == []  # no query vector, no semantic ranking
@@ -178,12 +197,12 @@ CJK_ROWS = {
     ],
 )
 def test_chinese_and_korean_terms_are_found_inside_longer_runs(
-    index: LanceIndex | MemoryIndex, text: str, expected: str
+    scoped: LanceIndex | MemoryIndex, text: str, expected: str
 ) -> None:
     async def scenario() -> None:
         rows = corpus() + [row(node, t, depth=400 + i) for i, (node, t) in enumerate(CJK_ROWS.items())]
-        await index.add(rows)
-        result = await index.search(query(text))
+        await scoped.add(rows)
+        result = await scoped.search(one(text))
         assert result.keyword, text
         assert result.keyword[0].node_id == expected
 
@@ -201,20 +220,20 @@ def test_chinese_and_korean_terms_are_found_inside_longer_runs(
         "ECONNRESET' OR '1'='1",
     ],
 )
-def test_query_syntax_characters_are_plain_text(index: LanceIndex | MemoryIndex, text: str) -> None:
+def test_query_syntax_characters_are_plain_text(scoped: LanceIndex | MemoryIndex, text: str) -> None:
     async def scenario() -> None:
-        await index.add(corpus())
-        result = await index.search(query(text))
+        await scoped.add(corpus())
+        result = await scoped.search(one(text))
         assert result.keyword and result.keyword[0].node_id == "t-econn"
 
     run(scenario())
 
 
 @pytest.mark.parametrize("text", ["", "   \n\t", "?!", "()", '"', "___"])
-def test_empty_or_wordless_query_has_no_keyword_hits(index: LanceIndex | MemoryIndex, text: str) -> None:
+def test_empty_or_wordless_query_has_no_keyword_hits(scoped: LanceIndex | MemoryIndex, text: str) -> None:
     async def scenario() -> None:
-        await index.add(corpus())
-        result = await index.search(query(text, unit(1, 0, 0, 0)))
+        await scoped.add(corpus())
+        result = await scoped.search(one(text, unit(1, 0, 0, 0)))
         assert result.keyword == []
 
     run(scenario())
@@ -234,9 +253,9 @@ def test_keyword_query_objects() -> None:
 # -- semantic -------------------------------------------------------------------------------------------
 
 
-def test_semantic_ranking_is_cosine_similarity(index: LanceIndex | MemoryIndex) -> None:
+def test_semantic_ranking_is_cosine_similarity(scoped: LanceIndex | MemoryIndex) -> None:
     async def scenario() -> None:
-        await index.add(
+        await scoped.add(
             [
                 row("a", "alpha", vector=unit(1, 0, 0, 0), depth=1),
                 row("b", "beta", vector=unit(0.8, 0.6, 0, 0), depth=2),
@@ -244,7 +263,7 @@ def test_semantic_ranking_is_cosine_similarity(index: LanceIndex | MemoryIndex) 
                 row("d", "delta", vector=unit(-1, 0, 0, 0), depth=4),
             ]
         )
-        result = await index.search(query("", unit(1, 0, 0, 0), limit=3))
+        result = await scoped.search(one("", unit(1, 0, 0, 0), limit=3))
         assert ids(result.semantic) == ["a", "b", "c"]
         assert [round(h.score, 4) for h in result.semantic] == [1.0, 0.8, 0.0]
         assert result.semantic[1].depth == 2 and result.semantic[1].view == "m"
@@ -255,19 +274,19 @@ def test_semantic_ranking_is_cosine_similarity(index: LanceIndex | MemoryIndex) 
 
 
 def test_rows_without_vectors_are_found_by_keyword_then_semantically_once_embedded(
-    index: LanceIndex | MemoryIndex,
+    scoped: LanceIndex | MemoryIndex,
 ) -> None:
     async def scenario() -> None:
-        await index.add([row("old", "unrelated words", vector=unit(0, 0, 1, 0))])
-        await index.add(
+        await scoped.add([row("old", "unrelated words", vector=unit(0, 0, 1, 0))])
+        await scoped.add(
             [row("new", "deploy to staging with ETIMEDOUT"), row("new2", "another fresh message")]
         )
-        result = await index.search(query("ETIMEDOUT", unit(1, 0, 0, 0)))
+        result = await scoped.search(one("ETIMEDOUT", unit(1, 0, 0, 0)))
         assert ids(result.keyword) == ["new"]
         assert ids(result.semantic) == ["old"]  # rows without a vector are not ranked semantically
 
-        await index.set_vectors("acme", {"new:m": unit(1, 0, 0, 0), "new2:m": unit(0.6, 0.8, 0, 0)})
-        result = await index.search(query("ETIMEDOUT", unit(1, 0, 0, 0)))
+        await scoped.set_vectors("acme", {"new:m": unit(1, 0, 0, 0), "new2:m": unit(0.6, 0.8, 0, 0)})
+        result = await scoped.search(one("ETIMEDOUT", unit(1, 0, 0, 0)))
         assert ids(result.semantic) == ["new", "new2", "old"]
         assert result.semantic[0].score == pytest.approx(1.0, abs=1e-5)
         assert ids(result.keyword) == ["new"]  # the text survived the vector update
@@ -408,24 +427,24 @@ def test_user_filter_and_excluded_conversation(index: LanceIndex | MemoryIndex) 
     run(scenario())
 
 
-def test_max_depth_keeps_older_messages_only(index: LanceIndex | MemoryIndex) -> None:
+def test_max_depth_keeps_older_messages_only(scoped: LanceIndex | MemoryIndex) -> None:
     async def scenario() -> None:
         v = unit(1, 0, 0, 0)
-        await index.add([row(f"d{d}", "flaky test in ci", depth=d, vector=v) for d in range(10)])
-        result = await index.search(query("flaky", v, limit=20, max_depth=4))
+        await scoped.add([row(f"d{d}", "flaky test in ci", depth=d, vector=v) for d in range(10)])
+        result = await scoped.search(one("flaky", v, limit=20, max_depth=4))
         assert sorted(ids(result.semantic)) == ["d0", "d1", "d2", "d3"]
         assert sorted(ids(result.keyword)) == ["d0", "d1", "d2", "d3"]
-        result = await index.search(query("flaky", v, max_depth=0))
+        result = await scoped.search(one("flaky", v, max_depth=0))
         assert result.semantic == [] and result.keyword == []
 
     run(scenario())
 
 
-def test_undated_rows_pass_any_time_range_and_say_so(index: LanceIndex | MemoryIndex) -> None:
+def test_undated_rows_pass_any_time_range_and_say_so(scoped: LanceIndex | MemoryIndex) -> None:
     async def scenario() -> None:
         v = unit(1, 0, 0, 0)
         late = BASE + timedelta(days=30)  # stored a month later, said at an unknown time
-        await index.add(
+        await scoped.add(
             [
                 row("dated-in", "budget review", created_at=BASE + timedelta(hours=1), vector=v),
                 row("dated-out", "budget review", created_at=late, vector=v),
@@ -433,7 +452,7 @@ def test_undated_rows_pass_any_time_range_and_say_so(index: LanceIndex | MemoryI
             ]
         )
         window = {"since": BASE, "until": BASE + timedelta(days=1), "limit": 10}
-        result = await index.search(query("budget", v, **window))
+        result = await scoped.search(one("budget", v, **window))
         assert sorted(ids(result.semantic)) == ["dated-in", "undated"]
         assert sorted(ids(result.keyword)) == ["dated-in", "undated"]
         assert {h.node_id: h.dated for h in result.semantic + result.keyword} == {
@@ -444,31 +463,31 @@ def test_undated_rows_pass_any_time_range_and_say_so(index: LanceIndex | MemoryI
     run(scenario())
 
 
-def test_since_and_until_bound_created_at(index: LanceIndex | MemoryIndex) -> None:
+def test_since_and_until_bound_created_at(scoped: LanceIndex | MemoryIndex) -> None:
     async def scenario() -> None:
         v = unit(1, 0, 0, 0)
-        await index.add(
+        await scoped.add(
             [row(f"h{h}", "standup notes", created_at=BASE + timedelta(hours=h), vector=v) for h in range(6)]
         )
-        result = await index.search(
-            query("standup", v, limit=10, since=BASE + timedelta(hours=2), until=BASE + timedelta(hours=4))
+        result = await scoped.search(
+            one("standup", v, limit=10, since=BASE + timedelta(hours=2), until=BASE + timedelta(hours=4))
         )
         assert sorted(ids(result.semantic)) == ["h2", "h3", "h4"]  # both bounds inclusive
         assert sorted(ids(result.keyword)) == ["h2", "h3", "h4"]
         # An aware bound in another zone is the same instant: 15:00+02:00 is 13:00 UTC.
         plus_two = timezone(timedelta(hours=2))
-        result = await index.search(
-            query("standup", v, limit=10, since=datetime(2024, 3, 1, 15, 0, tzinfo=plus_two))
+        result = await scoped.search(
+            one("standup", v, limit=10, since=datetime(2024, 3, 1, 15, 0, tzinfo=plus_two))
         )
         assert sorted(ids(result.keyword)) == ["h1", "h2", "h3", "h4", "h5"]
 
     run(scenario())
 
 
-def test_limit_zero_returns_nothing(index: LanceIndex | MemoryIndex) -> None:
+def test_limit_zero_returns_nothing(scoped: LanceIndex | MemoryIndex) -> None:
     async def scenario() -> None:
-        await index.add([row("a", "alpha", vector=unit(1, 0, 0, 0))])
-        result = await index.search(query("alpha", unit(1, 0, 0, 0), limit=0))
+        await scoped.add([row("a", "alpha", vector=unit(1, 0, 0, 0))])
+        result = await scoped.search(one("alpha", unit(1, 0, 0, 0), limit=0))
         assert result.semantic == [] and result.keyword == []
 
     run(scenario())
@@ -780,9 +799,22 @@ def test_cached_semantic_search_matches_the_table(tmp_path: Path, filters: dict[
                     (h.view, h.depth, h.created_at, h.conversation_id, h.dated) for h in expected
                 ]
                 assert all(h.node_id.startswith("acme-c2-") for h in found)
-        assert (
-            cached._cache is not None and cached._cache.rows == 34
-        )  # one conversation, its 34 embedded rows
+        # Keyword hits from memory: the same rows as the table's full-text index, under every filter
+        # (their order may differ where scores tie: BM25 here counts the conversation's rows only).
+        for text in ("message", "message 12", "12 OR 30"):
+            q = query(text, limit=100, conversation_id="c2", **filters)
+            expected = (await table.search(q)).keyword
+            found = (await cached.search(q)).keyword
+            assert sorted(ids(found)) == sorted(ids(expected)), text
+            assert {(h.node_id, h.view, h.depth, h.created_at, h.dated) for h in found} == {
+                (h.node_id, h.view, h.depth, h.created_at, h.dated) for h in expected
+            }
+            if text == "message 12" and found:
+                assert found[0].node_id == expected[0].node_id == "acme-c2-12"
+        # One conversation: its 40 rows, 34 of them with a vector (keyword search finds all 40).
+        assert cached._cache is not None and cached._cache.rows == 40
+        entry = cached._cache.get(("acme", "c2"))
+        assert entry is not None and len(entry.ids) == 34
 
     run(scenario())
 
@@ -812,6 +844,38 @@ def test_cached_search_sees_rows_added_since_by_this_or_another_instance(tmp_pat
         # A row written late for an older message (jobs finishing out of order) is found too.
         await other.add([row("e", "late", vector=unit(1, 0.2, 0, 0), depth=0)])
         assert ids((await cached.search(near)).semantic) == ["c", "d", "b", "e", "a"]
+
+    run(scenario())
+
+
+def test_this_processs_writes_keep_every_cached_conversation_current_without_reading(tmp_path: Path) -> None:
+    index = LanceIndex.open(str(tmp_path / "db"), "shared", DIMS, cache_rows=1000)
+
+    async def scenario() -> None:
+        await index.add([row(f"{c}0", "kafka broker", vector=unit(1, 0, 0, 0), conversation=c) for c in "ab"])
+        for c in "ab":
+            await index.search(query("kafka", unit(1, 0, 0, 0), conversation_id=c))
+        assert index._cache is not None
+        await index.add([row("a1", "kafka again", vector=unit(0, 1, 0, 0), conversation="a")])
+        table = await index._open()
+        version = await table.version()
+        held = {c: index._cache.get(("acme", c)) for c in "ab"}
+        # "a" took the write itself; "b", untouched by it, is as current as the table.
+        assert all(e is not None and e.version == version for e in held.values())
+        loads: list[object] = []
+        merged = Entry.merged
+
+        def counted(entry: Entry, *args: Any) -> Entry:
+            loads.append(args)
+            return merged(entry, *args)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Entry, "merged", counted)
+            found = await index.search(query("kafka", unit(1, 0, 0, 0), conversation_id="b"))
+            assert ids(found.keyword) == ["b0"] and ids(found.semantic) == ["b0"]
+            found = await index.search(query("kafka", unit(0, 1, 0, 0), conversation_id="a"))
+            assert sorted(ids(found.keyword)) == ["a0", "a1"] and ids(found.semantic)[0] == "a1"
+        assert loads == []  # nothing read from the table
 
     run(scenario())
 

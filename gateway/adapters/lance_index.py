@@ -25,12 +25,14 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from lancedb.expr import Expr, col, lit
 from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.query import BooleanQuery, FullTextOperator, FullTextQuery, MatchQuery, Occur, PhraseQuery
 from lancedb.table import AsyncTable, Table
 
+from gateway.adapters.keyword_rank import Analyzer, KeywordQuery
 from gateway.adapters.lance_table import (
     LanceHandle,
     WriteLock,
@@ -310,8 +312,10 @@ class LanceIndex:
         self._deferred: asyncio.TimerHandle | None = None  # the optimize a throttled write put off
         self._checked_backlog = False  # whether this process looked for rows left unindexed before it
         self._tasks: set[asyncio.Task[None]] = set()
-        # Semantic searches of one conversation run in memory over a copy of its vectors (vector_cache).
+        # Searches of one conversation run in memory over a copy of its rows (vector_cache): vectors and
+        # terms (keyword_rank).
         self._cache = VectorCache(cache_rows) if cache_rows > 0 else None
+        self._analyzer = Analyzer()
         self._refreshing: dict[Key, anyio.Lock] = {}
         self._too_big: set[Key] = set()
         # One merge at a time in this process and, for a local directory, on this host (WriteLock).
@@ -394,16 +398,21 @@ class LanceIndex:
 
     def _cache_added(self, data: pa.Table, version: int) -> None:
         """Apply this write to the cached conversations it touched, if the table had not moved since they
-        were read (else the next search reads what changed)."""
+        were read (else the next search reads what changed); the others, exact before it, are exact after
+        it too. So while this process is the only writer, searches read nothing from the table: with 32
+        conversations written at once, nearly every search found the table moved by another
+        conversation's write and re-read its delta."""
         assert self._cache is not None
         tenants = data.column("tenant").to_pylist()
         conversations = data.column("conversation_id").to_pylist()
-        for key in set(zip(tenants, conversations, strict=True)):
+        touched = list(zip(tenants, conversations, strict=True))
+        for key in set(touched):
             entry = self._cache.get(key)
             if entry is None or entry.version != version - 1:
                 continue
-            mine = [i for i, k in enumerate(zip(tenants, conversations, strict=True)) if k == key]
-            self._cache.put(key, entry.merged(data.take(mine).select(COLUMNS), version))
+            mine = [i for i, k in enumerate(touched) if k == key]
+            self._cache.put(key, entry.merged(data.take(mine).select(COLUMNS), version, self._analyzer))
+        self._cache.advance(version - 1, version, skip=set(touched))
 
     async def set_vectors(self, tenant: str, vectors: dict[str, list[float]]) -> None:
         if not vectors:
@@ -554,14 +563,19 @@ class LanceIndex:
                     f"query vector of {len(query.vector)} dimensions for an index of {self.dimensions}"
                 )
             vector = np.asarray(query.vector, dtype=np.float32)
+        if self._cached_key(query) is not None:
+            terms = self._analyzer.query(query.text)
+            if vector is None and terms is None:
+                return SearchResult([], [])
+            async with self._translated("search"):
+                entry = await self._cached(query)
+            if entry is not None:
+                return _from_memory(entry, query, vector, terms)
         text = keyword_query(query.text)
 
         async def semantic(table: AsyncTable) -> list[IndexHit]:
             if vector is None:
                 return []
-            entry = await self._cached(query)
-            if entry is not None:
-                return entry.search(query, vector)
             result = await nearest(table, vector, where, query.limit, _HIT_COLUMNS)
             return _hits(result, lambda distance: 1.0 - distance, "_distance")
 
@@ -609,7 +623,7 @@ class LanceIndex:
             else:
                 where = where & (col("created_at") >= lit(newest - DELTA_MARGIN))
             rows = await table.query().where(where).select(COLUMNS).to_arrow()
-            entry = await anyio.to_thread.run_sync(entry.merged, rows, version)
+            entry = await anyio.to_thread.run_sync(entry.merged, rows, version, self._analyzer)
             if not cache.put(key, entry):
                 self._too_big.add(key)  # larger than the whole cache: searched in the table from now on
         # Locks of conversations no longer held go once they pile up.
@@ -643,6 +657,15 @@ class LanceIndex:
         for task in list(self._tasks):
             task.cancel()
         self._handle.close()
+
+
+def _from_memory(
+    entry: Entry, query: SearchQuery, vector: npt.NDArray[np.float32] | None, terms: KeywordQuery | None
+) -> SearchResult:
+    return SearchResult(
+        entry.search(query, vector) if vector is not None else [],
+        entry.keyword(query, terms) if terms is not None else [],
+    )
 
 
 def _sql_string(value: str) -> str:

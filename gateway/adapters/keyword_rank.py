@@ -1,0 +1,244 @@
+"""Keyword ranking of one conversation in memory: BM25 over the rows the index's conversation cache holds.
+
+A keyword search of one conversation in LanceDB's full-text index cost ~10 ms of CPU per query (3,000
+rows, every row matching), plus a scan of every row added since the last compaction; with two per request
+(the question, then the second hop) it was a large part of the full pipeline's CPU at 32 connections
+(BENCHMARKS.md, "Issue 16"). The index already keeps each searched conversation's rows in memory for its
+semantic search (`vector_cache.py`); this module adds their terms, so both rankings of a one-conversation
+query are served from there. Queries over a user's or a tenant's rows still go to the table's index.
+
+Terms are made as the table's full-text index makes them (`lance_index.FTS_CONFIG`): runs of letters and
+digits (the "simple" tokenizer), lower-cased, tokens of 80 characters or more dropped, accents folded,
+English stop words removed, Snowball English stems ("deploying" finds "deploy"). Texts and queries reach
+here with their Chinese, Japanese and Korean runs already spelled as bigrams (`cjk_bigrams`).
+
+Ranking: Okapi BM25 (k1 1.2, b 0.75, Lucene's idf) over the conversation's own rows, so one tenant's
+texts never weigh in another's ranking. An identifier of the question ("parse_config.py") is also a
+phrase: rows holding all of its terms get their scores again (the table's index also checks that they
+stand next to each other; here they need only all be there).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import Stemmer
+
+from gateway.pipeline.text import cjk_bigrams
+
+K1 = 1.2
+B = 0.75
+MAX_TOKEN_CHARS = 80  # the table's index drops longer tokens (its `max_token_length`)
+MAX_QUERY_TERMS = 256  # as the table's query: a pasted log's first distinct words
+MAX_PHRASES = 8
+_TOKEN = re.compile(r"[^\W_]+")
+_WORD = re.compile(r"[^\W_]")
+# Identifier-like chunks (parse_config.py, user_profile_cache, 10.0.0.1, src/app.ts), as in lance_index.
+_COMPOUND = re.compile(r"[^\W_]+(?:[._\-/:@#]+[^\W_]+)+")
+# Snowball's English stop words, as the table's index removes them (those with an apostrophe never reach
+# it: the tokenizer splits there).
+# fmt: off
+STOP_WORDS = frozenset([
+    "i", "me", "my", "myself", "we", "our", "ours", "ourselves", "you", "your", "yours", "yourself",
+    "yourselves", "he", "him", "his", "himself", "she", "her", "hers", "herself", "it", "its", "itself",
+    "they", "them", "their", "theirs", "themselves", "what", "which", "who", "whom", "this", "that",
+    "these", "those", "am", "is", "are", "was", "were", "be", "been", "being", "have", "has", "had",
+    "having", "do", "does", "did", "doing", "would", "should", "could", "ought", "a", "an", "the", "and",
+    "but", "if", "or", "because", "as", "until", "while", "of", "at", "by", "for", "with", "about",
+    "against", "between", "into", "through", "during", "before", "after", "above", "below", "to", "from",
+    "up", "down", "in", "out", "on", "off", "over", "under", "again", "further", "then", "once", "here",
+    "there", "when", "where", "why", "how", "all", "any", "both", "each", "few", "more", "most", "other",
+    "some", "such", "no", "nor", "not", "only", "own", "same", "so", "than", "too", "very",
+])
+# fmt: on
+_TERM_CACHE = 200_000  # distinct raw tokens whose term is remembered (then forgotten all at once)
+
+Ints = npt.NDArray[np.int32]
+Floats = npt.NDArray[np.float32]
+Terms = tuple[list[str], list[int]]  # a text's terms and their positions
+
+
+@dataclass(slots=True)
+class Analyzer:
+    """Text to terms. Remembers each raw token's term: a conversation repeats its words."""
+
+    _stemmer: Stemmer.Stemmer = field(default_factory=lambda: Stemmer.Stemmer("english"))
+    _terms: dict[str, str | None] = field(default_factory=dict)
+    # PyStemmer's stemmers must not be used by two threads at once (rows are read on worker threads).
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def terms(self, text: str) -> Terms:
+        """`text`'s terms, each with its position among the text's tokens (a dropped stop word keeps its
+        place, as in the table's index: a phrase around it still matches only where it stood)."""
+        known = self._terms
+        out: list[str] = []
+        at: list[int] = []
+        for position, token in enumerate(_TOKEN.findall(text.lower())):
+            term = known.get(token, "")
+            if term == "":
+                term = self._term(token)
+            if term is not None:
+                out.append(term)
+                at.append(position)
+        return out, at
+
+    def _term(self, token: str) -> str | None:
+        if len(token) >= MAX_TOKEN_CHARS:
+            term = None
+        else:
+            folded = _fold(token)
+            if folded in STOP_WORDS:
+                term = None
+            else:
+                with self._lock:
+                    term = self._stemmer.stemWord(folded)
+        if len(self._terms) >= _TERM_CACHE:
+            self._terms.clear()
+        self._terms[token] = term
+        return term
+
+    def query(self, text: str) -> KeywordQuery | None:
+        """The question's terms and identifier phrases (None: no word to look for). `text` is the
+        question as asked; its CJK runs are spelled as bigrams here."""
+        if not _WORD.search(text):
+            return None
+        terms = list(dict.fromkeys(self.terms(cjk_bigrams(text))[0]))[:MAX_QUERY_TERMS]
+        if not terms:
+            return None
+        phrases: list[tuple[tuple[str, ...], tuple[int, ...]]] = []
+        for phrase in list(dict.fromkeys(_COMPOUND.findall(text)))[:MAX_PHRASES]:
+            words, at = self.terms(cjk_bigrams(phrase))
+            if words:
+                phrases.append((tuple(words), tuple(a - at[0] for a in at)))
+        return KeywordQuery(tuple(terms), tuple(phrases))
+
+
+def _fold(token: str) -> str:
+    """Accents off Latin letters ("café" -> "cafe"); other scripts unchanged."""
+    if token.isascii():
+        return token
+    decomposed = unicodedata.normalize("NFKD", token)
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+@dataclass(frozen=True, slots=True)
+class KeywordQuery:
+    terms: tuple[str, ...]
+    # Identifiers of the question: their terms and each one's place relative to the first.
+    phrases: tuple[tuple[tuple[str, ...], tuple[int, ...]], ...] = ()
+
+
+_EMPTY_INTS: Ints = np.zeros(0, dtype=np.int32)
+
+
+@dataclass(frozen=True, slots=True)
+class Posting:
+    """One term's rows (ascending), its count in each, and its positions there (row after row)."""
+
+    rows: Ints
+    counts: Ints
+    positions: Ints
+
+    def at(self, rows: Ints) -> list[list[int]]:
+        """The term's positions in each of `rows` (each holds it)."""
+        ends = np.cumsum(self.counts)
+        j = np.searchsorted(self.rows, rows)
+        return [self.positions[e - c : e].tolist() for e, c in zip(ends[j], self.counts[j], strict=True)]
+
+
+@dataclass(frozen=True, slots=True)
+class Postings:
+    """Each term's posting, and each row's length in terms. Never changed once built (`extended` returns
+    a new one): a search may read it while rows are added."""
+
+    lengths: Ints = field(default_factory=lambda: _EMPTY_INTS)
+    terms: dict[str, Posting] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    def extended(self, docs: Iterable[Terms]) -> Postings:
+        """These postings with one more row per item of `docs` (each row's terms), numbered on."""
+        start = self.rows
+        rows: dict[str, list[int]] = {}
+        counts: dict[str, list[int]] = {}
+        positions: dict[str, list[int]] = {}
+        lengths: list[int] = []
+        for offset, (doc, at) in enumerate(docs):
+            lengths.append(len(doc))
+            seen: dict[str, list[int]] = {}
+            for term, position in zip(doc, at, strict=True):
+                seen.setdefault(term, []).append(position)
+            for term, where in seen.items():
+                rows.setdefault(term, []).append(start + offset)
+                counts.setdefault(term, []).append(len(where))
+                positions.setdefault(term, []).extend(where)
+        if not lengths:
+            return self
+        merged = dict(self.terms)
+        for term, at_rows in rows.items():
+            posting = Posting(
+                np.asarray(at_rows, dtype=np.int32),
+                np.asarray(counts[term], dtype=np.int32),
+                np.asarray(positions[term], dtype=np.int32),
+            )
+            held = merged.get(term)
+            if held is not None:
+                posting = Posting(
+                    np.concatenate([held.rows, posting.rows]),
+                    np.concatenate([held.counts, posting.counts]),
+                    np.concatenate([held.positions, posting.positions]),
+                )
+            merged[term] = posting
+        return Postings(np.concatenate([self.lengths, np.asarray(lengths, dtype=np.int32)]), merged)
+
+    def scores(self, query: KeywordQuery) -> Floats:
+        """Each row's BM25 score for `query` (0 where no term matches)."""
+        scores = np.zeros(self.rows, dtype=np.float32)
+        if not self.rows:
+            return scores
+        average = max(float(self.lengths.mean()), 1.0)
+        norm = K1 * (1.0 - B + B * self.lengths.astype(np.float32) / average)
+        own: dict[str, Floats] = {}
+
+        def weights(term: str, posting: Posting) -> Floats:
+            if term not in own:
+                held = len(posting.rows)
+                idf = math.log(1.0 + (self.rows - held + 0.5) / (held + 0.5))
+                counts = posting.counts.astype(np.float32)
+                own[term] = np.asarray(idf * counts * (K1 + 1.0) / (counts + norm[posting.rows]), np.float32)
+            return own[term]
+
+        for term in query.terms:
+            posting = self.terms.get(term)
+            if posting is not None:
+                scores[posting.rows] += weights(term, posting)
+        for words, offsets in query.phrases:
+            parts = [self.terms.get(term) for term in words]
+            postings = [p for p in parts if p is not None]
+            if len(postings) < len(parts):
+                continue
+            common = postings[0].rows
+            for posting in postings[1:]:
+                common = np.intersect1d(common, posting.rows, assume_unique=True)
+            if not len(common):
+                continue
+            # Rows holding the terms in the identifier's order, next to each other.
+            starts = [
+                [{p - offset for p in at} for at in posting.at(common)]
+                for posting, offset in zip(postings, offsets, strict=True)
+            ]
+            matched = [i for i in range(len(common)) if set.intersection(*(s[i] for s in starts))]
+            if matched:
+                rows = common[matched]
+                for term, posting in zip(words, postings, strict=True):
+                    scores[rows] += weights(term, posting)[np.searchsorted(posting.rows, rows)]
+        return scores

@@ -1,0 +1,85 @@
+"""The in-memory keyword ranking of cached conversations (gateway/adapters/keyword_rank.py): terms made as
+the table's full-text index makes them, BM25, identifier phrases, and postings that never change once built.
+The same ranking cases run against the table's index in tests/test_lance_index.py (the `scoped` fixture)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gateway.adapters.keyword_rank import Analyzer, KeywordQuery, Postings
+from gateway.pipeline.text import cjk_bigrams
+
+
+def ranked(texts: list[str], question: str) -> list[int]:
+    """Rows of `texts` matching `question`, best first."""
+    analyzer = Analyzer()
+    postings = Postings().extended(analyzer.terms(t) for t in texts)
+    query = analyzer.query(question)
+    if query is None:
+        return []
+    scores = postings.scores(query)
+    return [int(i) for i in np.argsort(-scores, kind="stable") if scores[i] > 0]
+
+
+def test_terms_are_lower_cased_folded_stemmed_and_stop_words_dropped() -> None:
+    terms, positions = Analyzer().terms("The Café was DEPLOYING parse_config.py to port 8443")
+    assert terms == ["cafe", "deploy", "pars", "config", "py", "port", "8443"]
+    assert positions == [1, 3, 4, 5, 6, 8, 9]  # dropped words keep their places
+
+
+def test_stemming_finds_other_forms_and_exact_codes_do_not_match_their_neighbours() -> None:
+    texts = ["we deployed it on friday", "error E1235 again", "error E1234 at startup", "lunch"]
+    assert ranked(texts, "when did we deploy?") == [0]
+    assert ranked(texts, "E1234") == [2]
+    assert ranked(texts, "what is for lunch") == [3]
+
+
+def test_a_rare_term_outweighs_a_common_one_and_a_short_row_a_long_one() -> None:
+    texts = ["config changed", "config changed", "config changed", "config and the kafka broker"]
+    assert ranked(texts, "kafka config")[0] == 3
+    short_long = ["kafka", "kafka broker upgrade notes from the long meeting on tuesday"]
+    assert ranked(short_long, "kafka") == [0, 1]
+
+
+def test_an_identifier_ranks_rows_holding_it_whole_above_rows_holding_its_pieces() -> None:
+    texts = [
+        "moved parse.py and config.py into the tools folder",
+        "the config parser is in python",
+        "the bug is in parse_config.py near line 40",
+        "parse config py",  # its pieces in order, but not one identifier: still adjacent terms
+    ]
+    order = ranked(texts, "parse_config.py")
+    assert order[0] in (2, 3) and order.index(2) < order.index(0)
+    # A stop word inside an identifier keeps its place: "state-of-the-art" is not "state art".
+    assert ranked(["state art", "state-of-the-art design"], "state-of-the-art")[0] == 1
+
+
+def test_long_tokens_are_dropped_but_hashes_are_kept() -> None:
+    sha = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    texts = [f"the digest is {sha}", "x" * 90 + " other"]
+    assert ranked(texts, sha) == [0]
+    assert ranked(texts, "x" * 90) == []
+
+
+@pytest.mark.parametrize("question", ["", "   ", "?!", "___", "the and of"])
+def test_a_question_without_a_searchable_word_has_no_query(question: str) -> None:
+    assert Analyzer().query(question) is None
+
+
+def test_chinese_runs_are_matched_by_bigrams() -> None:
+    texts = ["我们把端口改成8443了", "数据库迁移到PostgreSQL 17之后连接池报错"]
+    assert ranked([cjk_bigrams(t) for t in texts], "端口改成多少了") == [0]
+    assert ranked([cjk_bigrams(t) for t in texts], "连接池") == [1]
+
+
+def test_postings_never_change_once_built() -> None:
+    analyzer = Analyzer()
+    first = Postings().extended([analyzer.terms("kafka broker")])
+    second = first.extended([analyzer.terms("kafka again"), analyzer.terms("nothing here")])
+    query = KeywordQuery(("kafka",))
+    assert first.rows == 1 and list(first.scores(query) > 0) == [True]
+    assert second.rows == 3 and list(second.scores(query) > 0) == [True, True, False]
+    assert first.terms["kafka"].rows.tolist() == [0]
+    assert second.terms["kafka"].rows.tolist() == [0, 1]
+    assert first.extended([]) is first
