@@ -36,12 +36,16 @@ from gateway.pipeline.text import cjk_bigrams
 K1 = 1.2
 B = 0.75
 MAX_TOKEN_CHARS = 80  # the table's index drops longer tokens (its `max_token_length`)
-MAX_QUERY_TERMS = 256  # as the table's query: a pasted log's first distinct words
+# The question's first distinct words searched, here and in the table (a pasted log: 3,000 terms took ~7 ms
+# there).
+MAX_QUERY_TERMS = 256
 MAX_PHRASES = 8
 _TOKEN = re.compile(r"[^\W_]+")
-_WORD = re.compile(r"[^\W_]")
-# Identifier-like chunks (parse_config.py, user_profile_cache, 10.0.0.1, src/app.ts), as in lance_index.
-_COMPOUND = re.compile(r"[^\W_]+(?:[._\-/:@#]+[^\W_]+)+")
+WORD = re.compile(r"[^\W_]")  # a question without one has nothing to look for
+# Identifier-like chunks (parse_config.py, user_profile_cache, 10.0.0.1, src/app.ts): matched also as a
+# phrase, so rows holding the whole identifier outrank rows holding its common pieces (here and in the
+# table's query, lance_index.keyword_query).
+COMPOUND = re.compile(r"[^\W_]+(?:[._\-/:@#]+[^\W_]+)+")
 # Snowball's English stop words, as the table's index removes them (those with an apostrophe never reach
 # it: the tokenizer splits there).
 # fmt: off
@@ -107,13 +111,13 @@ class Analyzer:
     def query(self, text: str) -> KeywordQuery | None:
         """The question's terms and identifier phrases (None: no word to look for). `text` is the
         question as asked; its CJK runs are spelled as bigrams here."""
-        if not _WORD.search(text):
+        if not WORD.search(text):
             return None
         terms = list(dict.fromkeys(self.terms(cjk_bigrams(text))[0]))[:MAX_QUERY_TERMS]
         if not terms:
             return None
         phrases: list[tuple[tuple[str, ...], tuple[int, ...]]] = []
-        for phrase in list(dict.fromkeys(_COMPOUND.findall(text)))[:MAX_PHRASES]:
+        for phrase in list(dict.fromkeys(COMPOUND.findall(text)))[:MAX_PHRASES]:
             words, at = self.terms(cjk_bigrams(phrase))
             if words:
                 phrases.append((tuple(words), tuple(a - at[0] for a in at)))

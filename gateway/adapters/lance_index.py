@@ -32,7 +32,7 @@ from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.query import BooleanQuery, FullTextOperator, FullTextQuery, MatchQuery, Occur, PhraseQuery
 from lancedb.table import AsyncTable, Table
 
-from gateway.adapters.keyword_rank import Analyzer, KeywordQuery
+from gateway.adapters.keyword_rank import COMPOUND, MAX_PHRASES, MAX_QUERY_TERMS, WORD, Analyzer, KeywordQuery
 from gateway.adapters.lance_table import (
     LanceHandle,
     WriteLock,
@@ -70,12 +70,6 @@ FTS_CONFIG = FTS(
 # "84"). So the indexed text and the query both spell each such run as its overlapping character
 # bigrams (`cjk_bigrams`), and the word tokenizer above keeps English whole.
 _HIT_COLUMNS = ["node_id", "conversation_id", "view", "depth", "created_at", "dated"]
-_WORD = re.compile(r"[^\W_]")
-# Identifier-like chunks (parse_config.py, user_profile_cache, 10.0.0.1, src/app.ts): matched also as a
-# phrase, so rows holding the whole identifier outrank rows holding its common pieces.
-_COMPOUND = re.compile(r"[^\W_]+(?:[._\-/:@#]+[^\W_]+)+")
-_MAX_PHRASES = 8
-_MAX_QUERY_TERMS = 256  # a pasted log as the question: its first distinct words (3,000 terms: ~7 ms)
 
 # Compaction. Lance keeps each write as a new fragment (a vector update too), outside the indexes until
 # compacted; searches pay for each (measured, 100k rows: both rankings went from ~6.5 to ~25 ms p50
@@ -229,13 +223,13 @@ def keyword_query(text: str) -> FullTextQuery | None:
 
     Built as query objects, never parsed: quotes, colons, parentheses and AND/OR are just text here.
     """
-    if not _WORD.search(text):
+    if not WORD.search(text):
         return None
-    phrases = list(dict.fromkeys(_COMPOUND.findall(text)))[:_MAX_PHRASES]
+    phrases = list(dict.fromkeys(COMPOUND.findall(text)))[:MAX_PHRASES]
     text = cjk_bigrams(text)
     words = text.split()
-    if len(words) > _MAX_QUERY_TERMS:
-        text = " ".join(list(dict.fromkeys(words))[:_MAX_QUERY_TERMS])
+    if len(words) > MAX_QUERY_TERMS:
+        text = " ".join(list(dict.fromkeys(words))[:MAX_QUERY_TERMS])
     # Every argument spelled out (mypy does not see pydantic's field defaults): any word may match (OR),
     # exactly (fuzziness 0: "E1234" must not find "E1235").
     match = MatchQuery(
@@ -393,26 +387,38 @@ class LanceIndex:
         async with self._writing:
             version = await self._engine("add", insert)
         if self._cache is not None and version > 0:
-            self._cache_added(data, version)
+            await self._cache_added(data, version)
         await self._wrote(data.num_rows)
 
-    def _cache_added(self, data: pa.Table, version: int) -> None:
+    async def _cache_added(self, data: pa.Table, version: int) -> None:
         """Apply this write to the cached conversations it touched, if the table had not moved since they
         were read (else the next search reads what changed); the others, exact before it, are exact after
         it too. So while this process is the only writer, searches read nothing from the table: with 32
         conversations written at once, nearly every search found the table moved by another
         conversation's write and re-read its delta."""
-        assert self._cache is not None
+        cache = self._cache
+        assert cache is not None
         tenants = data.column("tenant").to_pylist()
         conversations = data.column("conversation_id").to_pylist()
         touched = list(zip(tenants, conversations, strict=True))
-        for key in set(touched):
-            entry = self._cache.get(key)
-            if entry is None or entry.version != version - 1:
-                continue
-            mine = [i for i, k in enumerate(touched) if k == key]
-            self._cache.put(key, entry.merged(data.take(mine).select(COLUMNS), version, self._analyzer))
-        self._cache.advance(version - 1, version, skip=set(touched))
+        current = {k: e for k in set(touched) if (e := cache.get(k)) is not None and e.version == version - 1}
+
+        def merge() -> dict[Key, Entry]:
+            # On a worker thread: a large text chunk's terms take a while to make.
+            return {
+                key: entry.merged(
+                    data.take([i for i, k in enumerate(touched) if k == key]).select(COLUMNS),
+                    version,
+                    self._analyzer,
+                )
+                for key, entry in current.items()
+            }
+
+        merged = await anyio.to_thread.run_sync(merge) if current else {}
+        for key, entry in merged.items():
+            if cache.get(key) is current[key]:  # not replaced meanwhile (a refresh, a delete)
+                cache.put(key, entry)
+        cache.advance(version - 1, version, skip=set(touched))
 
     async def set_vectors(self, tenant: str, vectors: dict[str, list[float]]) -> None:
         if not vectors:
