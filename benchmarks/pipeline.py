@@ -707,15 +707,19 @@ async def closed_loop(
         finally:
             conn.close()
 
+    metrics_before: dict[tuple[str, str], tuple[float, float]] = {}
+
     async def meter() -> None:
-        nonlocal cpu_before
+        nonlocal cpu_before, metrics_before
         await asyncio.sleep(max(measured_from - time.perf_counter(), 0.0))
         cpu_before = sum(map(_cpu_seconds, pids))
+        metrics_before = await asyncio.to_thread(_time_sums, port)
 
     await asyncio.gather(meter(), *(client(n) for n in range(connections)))
     wall = time.perf_counter() - measured_from
     latencies.sort()
     cpu = sum(map(_cpu_seconds, pids)) - cpu_before
+    breakdown = _time_breakdown(metrics_before, _time_sums(port))
     return {
         "requests": done,
         "errors": errors,
@@ -724,7 +728,41 @@ async def closed_loop(
         "p99_ms": percentile(latencies, 0.99) * 1000 if latencies else None,
         "gateway_cpu_us_per_request": round(cpu / max(done, 1) * 1e6),
         "wall_s": wall,
+        "mean_ms_in_window": breakdown,
     }
+
+
+def _time_sums(port: int) -> dict[tuple[str, str], tuple[float, float]]:
+    """(histogram, its label) -> (sum of seconds, count) from the gateway's /metrics: its own time per
+    request, the upstream's, each context section's and each job kind's."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    sums: dict[tuple[str, str], list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count")) and family.type == "histogram":
+                label = next(iter(sample.labels.values()), "")
+                held = sums.setdefault((family.name, label), [0.0, 0.0])
+                held[0 if sample.name.endswith("_sum") else 1] += sample.value
+    return {key: (total, count) for key, (total, count) in sums.items()}
+
+
+def _time_breakdown(
+    before: dict[tuple[str, str], tuple[float, float]], after: dict[tuple[str, str], tuple[float, float]]
+) -> dict[str, Any]:
+    """Mean ms and count of each histogram over the measured window (after minus before)."""
+    out: dict[str, Any] = {}
+    for key, (total, count) in sorted(after.items()):
+        total_before, count_before = before.get(key, (0.0, 0.0))
+        runs = count - count_before
+        if runs:
+            name = key[0].removeprefix("gateway_").removesuffix("_seconds")
+            out[f"{name}:{key[1]}"] = {
+                "mean_ms": round((total - total_before) / runs * 1000, 2),
+                "n": int(runs),
+            }
+    return out
 
 
 def _children(pid: int) -> list[int]:
@@ -802,6 +840,13 @@ def throughput_part(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 f"  {label:22s} x{workers} {figures['rps']:7.1f} req/s  p50 {figures['p50_ms']:.1f} ms  p99 {figures['p99_ms']:.1f} ms"
                 f"  errors {figures['errors']}  gateway CPU {figures['gateway_cpu_us_per_request']:,} us/req"
                 f"  jobs queued at the end {figures['jobs_queued_at_end']}, drained in {figures['jobs_drain_s']} s",
+                flush=True,
+            )
+            print(
+                "    mean ms in the window: "
+                + ", ".join(
+                    f"{k} {v['mean_ms']} (n {v['n']})" for k, v in figures["mean_ms_in_window"].items()
+                ),
                 flush=True,
             )
     measured = [r for r in rows if r["gateway"] == "full pipeline"]

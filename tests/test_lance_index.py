@@ -880,6 +880,56 @@ def test_this_processs_writes_keep_every_cached_conversation_current_without_rea
     run(scenario())
 
 
+def test_searches_while_this_process_writes_read_nothing_from_the_table(tmp_path: Path) -> None:
+    """Writes to four conversations, one after another, with searches of them running all along: a search
+    that lands between a write's commit and its application to the copy serves the copy as it was (and
+    the write then brings it current), instead of reading the conversation's recent rows again; and a
+    write applied after the next one had committed left copies a version behind."""
+    index = LanceIndex.open(str(tmp_path / "db"), "shared", DIMS, cache_rows=10_000)
+    conversations = "abcd"
+
+    async def scenario() -> None:
+        await index.add(
+            [row(f"{c}0", "kafka broker", vector=unit(1, 0, 0, 0), conversation=c) for c in conversations]
+        )
+        for c in conversations:
+            await index.search(query("kafka", unit(1, 0, 0, 0), conversation_id=c))
+        table = await index._open()
+        reads: list[str] = []
+        original = table.query
+
+        def counted() -> Any:
+            reads.append("query")
+            return original()
+
+        async def write(c: str) -> None:
+            for depth in range(1, 6):
+                vector = unit(1, depth, 0, 0)
+                await index.add(
+                    [row(f"{c}{depth}", f"kafka {depth}", vector=vector, conversation=c, depth=depth)]
+                )
+
+        async def search(c: str) -> None:
+            for _ in range(30):
+                found = await index.search(query("kafka", unit(1, 0, 0, 0), conversation_id=c))
+                assert found.keyword and found.semantic
+                await asyncio.sleep(0)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(table, "query", counted)
+            await asyncio.gather(*map(write, conversations), *map(search, conversations))
+        assert reads == []
+        version = await table.version()
+        assert index._cache is not None
+        for c in conversations:
+            entry = index._cache.get(("acme", c))
+            assert entry is not None and entry.version == version and entry.rows == 6
+            found = await index.search(query("kafka", unit(1, 5, 0, 0), conversation_id=c, limit=10))
+            assert ids(found.semantic)[0] == f"{c}5" and len(found.keyword) == 6
+
+    run(scenario())
+
+
 def test_cached_conversations_are_forgotten_when_deleted(tmp_path: Path) -> None:
     index = LanceIndex.open(str(tmp_path / "db"), "shared", DIMS, cache_rows=1000)
 
