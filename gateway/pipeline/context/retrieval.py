@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import operator
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
@@ -121,10 +120,12 @@ class RetrievalSection:
     jobs: JobQueue | None = None  # says how much of the conversation is still waiting for the index
     name: str = "retrieval"
     whole: bool = False
-    # (encoding, message id) -> tokens of the message's line, least recently used first.
-    line_tokens: OrderedDict[tuple[str, str], int] = field(
-        default_factory=OrderedDict, init=False, repr=False
-    )
+    # (encoding, message id) -> tokens of the message's line (forgotten all at once when full: a plain
+    # dict lookup, where keeping an LRU order cost more than the count saved on a cache hit).
+    line_tokens: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
+    # Message id -> its text in lower case, for the exact-term checks (the same old messages come back
+    # request after request; forgotten all at once when full).
+    lowered: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def allowance(self) -> int:
@@ -245,7 +246,7 @@ class RetrievalSection:
         on_path = _smoothed(hits, path, positions, recent)
         for hit in (*result.semantic, *result.keyword):
             found.dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
-        texts = {c.node_id: message_text(path[positions[c.node_id]].message).lower() for c in on_path}
+        texts = {c.node_id: self._lowered(path[positions[c.node_id]]) for c in on_path}
         # How many candidates hold each exact term, counted once: which terms matched, and how much each
         # weighs (most where it is rare: an error code said once picks its message out, a service name
         # said in every other turn hardly ranks anything).
@@ -519,6 +520,10 @@ class RetrievalSection:
             at = positions[candidate.node_id]
             if at in taken:
                 continue
+            if used + self._line_tokens(build, path[at]) + SEPARATOR_TOKENS > allowance:
+                # Not even its own line fits (its group holds it): skipped before the group is worked
+                # out, since once the allowance is nearly used most candidates left end here.
+                continue
             if above and _said_above(path[at].message, above):
                 continue  # every identifier of it is in the summary verbatim: it adds nothing
             start, end = _tool_safe(path, max(at - n, 0), min(at + forward, len(path) - 1))
@@ -556,6 +561,17 @@ class RetrievalSection:
             groups.append(group)
         return groups
 
+    def _lowered(self, item: HistoryItem) -> str:
+        """The message's text in lower case; stored messages never change, so each is made once."""
+        if item.node_id is None:
+            return message_text(item.message).lower()
+        text = self.lowered.get(item.node_id)
+        if text is None:
+            if len(self.lowered) >= LINE_CACHE_SIZE:
+                self.lowered.clear()
+            text = self.lowered[item.node_id] = message_text(item.message).lower()
+        return text
+
     def _line_tokens(self, build: BuildInput, item: HistoryItem) -> int:
         """Tokens of one message's line; stored messages never change, so each is counted once per
         encoding (the same old messages come back request after request)."""
@@ -564,11 +580,9 @@ class RetrievalSection:
         key = (build.tokenizer.name, item.node_id)
         count = self.line_tokens.get(key)
         if count is None:
+            if len(self.line_tokens) >= LINE_CACHE_SIZE:
+                self.line_tokens.clear()
             count = self.line_tokens[key] = build.tokenizer.count(_line(item))
-            if len(self.line_tokens) > LINE_CACHE_SIZE:
-                self.line_tokens.popitem(last=False)
-        else:
-            self.line_tokens.move_to_end(key)
         return count
 
 
