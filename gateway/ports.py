@@ -107,7 +107,12 @@ class Tokenizer(Protocol):
     @property
     def name(self) -> str: ...
 
-    def count(self, text: str) -> int: ...
+    def count(self, text: str) -> int:
+        """Tokens of `text`. Additive over lines: cut right after a line break that is followed by a
+        letter, a digit or one of `[#…<`, a text counts the sum of its parts (the tiktoken encodings'
+        pre-tokenizers never run a chunk across such a break; tests/test_tokenizer.py checks it), so
+        a text made of known lines is counted from their counts."""
+        ...
 
     def count_message(self, message: object) -> int: ...
 

@@ -60,3 +60,53 @@ def test_retrieved_lines_are_counted_once_and_the_cache_stays_bounded(
     assert tokenizer._cached_chars <= 4_000
     assert sum(len(line) for line in tokenizer._cache) == tokenizer._cached_chars
     assert lines[0] + "\n" not in tokenizer._cache and lines[-1] in tokenizer._cache
+
+
+@pytest.mark.parametrize("name", AVAILABLE)
+def test_retrieved_section_counted_from_its_lines_equals_the_whole_count(name: str) -> None:
+    """Retrieval counts its text from each message line's count (kept per message): the sum must be the
+    tokenizer's count of the text as sent, however the messages end (punctuation that swallows the
+    break, trailing spaces, inner line breaks, CJK) and whatever joins them (date lines, "…", blank
+    lines between blocks, the other conversations' blocks)."""
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from gateway.config import RetrievalConfig
+    from gateway.pipeline.call import HistoryItem
+    from gateway.pipeline.context.retrieval import RetrievalSection, _Group, _lines
+
+    encoding = load_encoding(name)
+    build = cast(Any, SimpleNamespace(tokenizer=TiktokenTokenizer(encoding)))
+    section = RetrievalSection(
+        cast(Any, None), None, cast(Any, None), RetrievalConfig(), lambda: datetime.now(UTC)
+    )
+    rng = random.Random(20261203)
+    roles = ["user", "assistant", "tool", "system"]
+    path = [
+        HistoryItem(
+            {"role": rng.choice(roles), "content": generated(rng)[: rng.randint(1, 300)]}, None, f"n{i}"
+        )
+        for i in range(400)
+    ]
+    day = datetime(2026, 5, 8, 13, 56, tzinfo=UTC)
+    for trial in range(150):
+        groups: list[_Group] = []
+        at = rng.randint(0, 20)
+        while at < len(path) - 5 and len(groups) < 8:
+            end = at + rng.randint(0, 3)
+            when = None if rng.random() < 0.1 else day + timedelta(days=rng.randint(0, 2))
+            group = _Group(at, end, 1.0, when)
+            marks = {end: day + timedelta(days=9)} if rng.random() < 0.2 else None
+            group.lines = _lines(path, at, end, marks)
+            groups.append(group)
+            at = end + 1 + rng.choice([0, 0, 1, 5])
+        others = []
+        for _ in range(rng.choice([0, 0, 1, 2])):
+            start = rng.randint(0, len(path) - 3)
+            other = _Group(0, 1, 1.0, day)
+            other.lines = _lines(path, start, start + 1)
+            others.append(other)
+        text, tokens = section._compose(build, groups, others)
+        assert text is not None
+        assert tokens == len(encoding.encode_ordinary(text)), (trial, text)

@@ -99,6 +99,10 @@ class _Found:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+# A line of the section's text: the line, and the stored message it shows (None: a date line).
+_Line = tuple[str, str | None]
+
+
 @dataclass(slots=True)
 class _Group:
     start: int  # positions in the path, inclusive
@@ -106,7 +110,7 @@ class _Group:
     score: float
     created_at: datetime | None
     tokens: int = 0
-    text: str = ""
+    lines: list[_Line] = field(default_factory=list)
     label: str = ""  # the conversation, for groups from another one
 
 
@@ -120,8 +124,11 @@ class RetrievalSection:
     jobs: JobQueue | None = None  # says how much of the conversation is still waiting for the index
     name: str = "retrieval"
     whole: bool = False
-    # (encoding, message id) -> tokens of the message's line (forgotten all at once when full: a plain
-    # dict lookup, where keeping an LRU order cost more than the count saved on a cache hit).
+    # (encoding, message id) -> tokens of the message's line and the line break after it (forgotten all
+    # at once when full). The section's text is counted from these: counted whole, its lines went
+    # through the tokenizer's own cache, which the old messages retrieval reaches (tens of thousands
+    # over many conversations) kept turning over (measured: 351 lines encoded again per request at 32
+    # conversations of 1,000 messages, a third of the request's time).
     line_tokens: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
     # Message id -> its text in lower case, for the exact-term checks (the same old messages come back
     # request after request; forgotten all at once when full).
@@ -365,11 +372,11 @@ class RetrievalSection:
             room = allowance - sum(g.tokens for g in groups) - build.tokenizer.count(OTHER_HEADER)
             others = await self._other_groups(build, found.other, found.facts, room)
             detail["other_conversations"] = [g.label for g in others]
-        text, tokens = _compose(build, groups, others)
+        text, tokens = self._compose(build, groups, others)
         while (groups or others) and tokens > allowance:  # the joins cost a little: drop the weakest
             weakest = min(groups + others, key=lambda g: g.score)
             (groups if weakest in groups else others).remove(weakest)
-            text, tokens = _compose(build, groups, others)
+            text, tokens = self._compose(build, groups, others)
         ids = [path[i].node_id for g in groups for i in range(g.start, g.end + 1)]
         detail["groups"] = [
             {
@@ -466,8 +473,10 @@ class RetrievalSection:
                 continue  # only clear matches cross conversations
             group = _Group(0, len(items) - 1, candidate.score, candidate.created_at)
             group.label = path[-1].node.conversation_id
-            group.text = _lines(items, 0, len(items) - 1)
-            group.tokens = build.tokenizer.count(group.text) + DATE_LINE_TOKENS + SEPARATOR_TOKENS
+            group.lines = _lines(items, 0, len(items) - 1)
+            group.tokens = (
+                sum(self._line_tokens(build, item) for item in items) + DATE_LINE_TOKENS + SEPARATOR_TOKENS
+            )
             if group.tokens <= room:
                 room -= group.tokens
                 out.append(group)
@@ -520,7 +529,7 @@ class RetrievalSection:
             at = positions[candidate.node_id]
             if at in taken:
                 continue
-            if used + self._line_tokens(build, path[at]) + SEPARATOR_TOKENS > allowance:
+            if used + self._line_tokens(build, path[at]) + SEPARATOR_TOKENS - 1 > allowance:
                 # Not even its own line fits (its group holds it): skipped before the group is worked
                 # out, since once the allowance is nearly used most candidates left end here.
                 continue
@@ -546,7 +555,7 @@ class RetrievalSection:
             # the section's whole text is counted exactly at the end.
             day = _day(when)
             date_line = DATE_LINE_TOKENS if day not in days else 0
-            group.tokens = sum(self._line_tokens(build, path[i]) + 1 for i in range(start, end + 1))
+            group.tokens = sum(self._line_tokens(build, path[i]) for i in range(start, end + 1))
             group.tokens += SEPARATOR_TOKENS - 1
             marks = _day_changes(path, start, end, dates, day)
             group.tokens += len(marks) * DATE_LINE_TOKENS
@@ -554,7 +563,7 @@ class RetrievalSection:
                 if allowance - used < MIN_GROUP_TOKENS:
                     break  # nothing more fits
                 continue  # a smaller, lower-ranked group may still fit
-            group.text = _lines(path, start, end, marks)
+            group.lines = _lines(path, start, end, marks)
             used += group.tokens + date_line
             days.add(day)
             taken.update(range(start, end + 1))
@@ -573,45 +582,63 @@ class RetrievalSection:
         return text
 
     def _line_tokens(self, build: BuildInput, item: HistoryItem) -> int:
-        """Tokens of one message's line; stored messages never change, so each is counted once per
-        encoding (the same old messages come back request after request)."""
+        """Tokens of one message's line and the line break after it; stored messages never change, so
+        each is counted once per encoding (the same old messages come back request after request)."""
         if item.node_id is None:
-            return build.tokenizer.count(_line(item))
-        key = (build.tokenizer.name, item.node_id)
+            return build.tokenizer.count(_line(item) + "\n")
+        return self._counted(build, _line(item), item.node_id)
+
+    def _counted(self, build: BuildInput, line: str, node_id: str) -> int:
+        """Tokens of `line` (message `node_id`'s) and a line break."""
+        key = (build.tokenizer.name, node_id)
         count = self.line_tokens.get(key)
         if count is None:
             if len(self.line_tokens) >= LINE_CACHE_SIZE:
                 self.line_tokens.clear()
-            count = self.line_tokens[key] = build.tokenizer.count(_line(item))
+            count = self.line_tokens[key] = build.tokenizer.count(line + "\n")
         return count
 
-
-def _compose(build: BuildInput, groups: list[_Group], others: list[_Group]) -> tuple[str | None, int]:
-    """The section's text: this conversation's groups oldest first under one date line per day ("…"
-    between groups that are not adjacent), then the other conversations' groups, each with its date."""
-    blocks: list[str] = []
-    if groups:
-        blocks.append(HEADER)
-        day_block: list[str] = []
-        day: date | str | None = "none yet"  # an undated group is a day of its own (None)
-        previous: _Group | None = None
-        for group in sorted(groups, key=lambda g: g.start):
-            if _day(group.created_at) != day:
-                if day_block:
-                    blocks.append("\n".join(day_block))
-                day = _day(group.created_at)
-                day_block = [f"[{_when(group.created_at)}]"]
-            elif previous is not None and group.start > previous.end + 1:
-                day_block.append("…")
-            day_block.append(group.text)
-            previous = group
-        blocks.append("\n".join(day_block))
-    if others:
-        blocks += [OTHER_HEADER, *(f"[{_when(g.created_at)}]\n{g.text}" for g in others)]
-    if not blocks:
-        return None, 0
-    text = "\n\n".join(blocks)
-    return text, build.tokenizer.count(text)
+    def _compose(
+        self, build: BuildInput, groups: list[_Group], others: list[_Group]
+    ) -> tuple[str | None, int]:
+        """The section's text and its tokens: this conversation's groups oldest first under one date
+        line per day ("…" between groups that are not adjacent), then the other conversations' groups,
+        each with its date. Every line but the first starts with a letter (a role), `[`, `#` or `…`, so
+        the count is the sum of its lines' (see `Tokenizer.count`): a message line followed by another
+        line is counted once per message and encoding."""
+        blocks: list[list[_Line]] = []
+        if groups:
+            blocks.append([(HEADER, None)])
+            day_block: list[_Line] = []
+            day: date | str | None = "none yet"  # an undated group is a day of its own (None)
+            previous: _Group | None = None
+            for group in sorted(groups, key=lambda g: g.start):
+                if _day(group.created_at) != day:
+                    if day_block:
+                        blocks.append(day_block)
+                    day = _day(group.created_at)
+                    day_block = [(f"[{_when(group.created_at)}]", None)]
+                elif previous is not None and group.start > previous.end + 1:
+                    day_block.append(("…", None))
+                day_block += group.lines
+                previous = group
+            blocks.append(day_block)
+        if others:
+            blocks.append([(OTHER_HEADER, None)])
+            blocks += [[(f"[{_when(g.created_at)}]", None), *g.lines] for g in others]
+        if not blocks:
+            return None, 0
+        tokens = 0
+        for number, block in enumerate(blocks):
+            # Lines are joined by a line break, blocks by a blank line; the text ends with no break.
+            last = "" if number == len(blocks) - 1 else "\n\n"
+            for at, (line, node_id) in enumerate(block):
+                if at < len(block) - 1 and node_id is not None:
+                    tokens += self._counted(build, line, node_id)
+                else:
+                    tokens += build.tokenizer.count(line + ("\n" if at < len(block) - 1 else last))
+        text = "\n\n".join("\n".join(line for line, _ in block) for block in blocks)
+        return text, tokens
 
 
 def _said_above(message: JSONObject, above: str) -> bool:
@@ -699,14 +726,14 @@ def _day_changes(
 
 def _lines(
     path: list[HistoryItem], start: int, end: int, marks: dict[int, datetime | None] | None = None
-) -> str:
+) -> list[_Line]:
     """The messages' lines, with a date line before each position in `marks`."""
-    lines: list[str] = []
+    lines: list[_Line] = []
     for i in range(start, end + 1):
         if marks and i in marks:
-            lines.append(f"[{_when(marks[i])}]")
-        lines.append(_line(path[i]))
-    return "\n".join(lines)
+            lines.append((f"[{_when(marks[i])}]", None))
+        lines.append((_line(path[i]), path[i].node_id))
+    return lines
 
 
 def _line(item: HistoryItem) -> str:
