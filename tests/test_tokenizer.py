@@ -110,3 +110,27 @@ def test_retrieved_section_counted_from_its_lines_equals_the_whole_count(name: s
         text, tokens = section._compose(build, groups, others)
         assert text is not None
         assert tokens == len(encoding.encode_ordinary(text)), (trial, text)
+
+
+@pytest.mark.parametrize("name", AVAILABLE)
+def test_joined_texts_counted_from_their_own_counts_equal_the_whole_count(name: str) -> None:
+    """`count_concat` (the injected block is counted from its sections' counts): only the text around each
+    join is counted again, and the sum is the whole text's count, however the parts meet."""
+    from gateway.pipeline.context.builder import ContextBuilder
+    from gateway.pipeline.context.section import Proposal
+
+    encoding = load_encoding(name)
+    tokenizer = TiktokenTokenizer(encoding)
+    rng = random.Random(20261204)
+    for _ in range(400):
+        texts = [generated(rng)[: rng.randint(0, 500)] for _ in range(rng.randint(1, 5))]
+        parts = [(t, None if rng.random() < 0.2 else len(encoding.encode_ordinary(t))) for t in texts]
+        whole = "".join(texts)
+        assert tokenizer.count_concat(parts) == len(encoding.encode_ordinary(whole)), texts
+        injected = [
+            (f"s{i}", Proposal(tokens=len(encoding.encode_ordinary(t)), text=t)) for i, t in enumerate(texts)
+        ]
+        block, tokens = ContextBuilder._block(injected, {}, tokenizer, 1_000_000)
+        assert block is not None and tokens == tokenizer.count_message(block) == len(
+            encoding.encode_ordinary(str(block["content"]))
+        ) + tokenizer.count_message({"role": "system", "content": ""})

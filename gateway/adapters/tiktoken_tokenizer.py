@@ -103,6 +103,22 @@ class TiktokenTokenizer:
             start = match.end()
         return total + self._line(text[start:])
 
+    def count_concat(self, parts: Sequence[tuple[str, int | None]]) -> int:
+        # Exact by the same cut: a part's text between its first and last line breaks that end a chunk
+        # stays one run of whole chunks when joined, so its share is its count less its first and last
+        # lines; what lies between one part's last cut and the next part's first is counted whole.
+        total = 0
+        pending = ""  # the text since the last cut, not counted yet
+        for text, tokens in parts:
+            cuts = [match.end() for match in _LINE_BREAK.finditer(text)]
+            if tokens is None or not cuts:
+                pending += text
+                continue
+            head, tail = text[: cuts[0]], text[cuts[-1] :]
+            total += self.count(pending + head) + tokens - self.count(head) - self.count(tail)
+            pending = tail
+        return total + self.count(pending)
+
     def _line(self, line: str) -> int:
         if len(line) < _CACHE_MIN_CHARS:
             return len(self._encoding.encode_ordinary(line))

@@ -243,9 +243,20 @@ class ContextBuilder:
         tokenizer: Tokenizer,
         available: int,
     ) -> tuple[JSONObject | None, int]:
-        """The delimited system message holding every injected section, and its tokens."""
+        """The delimited system message holding every injected section, and its tokens (counted from the
+        sections' own counts: counted whole, the retrieved lines went through the tokenizer's line cache
+        again, which the old messages of many conversations keep turning over)."""
         block = _injected_block(injected)
-        block_tokens = tokenizer.count_message(block) if block is not None else 0
+        block_tokens = 0
+        if block is not None:
+            parts: list[tuple[str, int | None]] = [(_OPENING, None)]
+            for number, (_, proposal) in enumerate(injected):
+                if number:
+                    parts.append((_BETWEEN, None))
+                parts.append((proposal.text or "", proposal.tokens))
+            parts.append((_CLOSING, None))
+            empty = tokenizer.count_message({"role": "system", "content": ""})
+            block_tokens = empty + tokenizer.count_concat(parts)
         if block_tokens > available:  # the framing does not fit a tiny budget: drop it
             injected.clear()
             for detail in reported.values():
@@ -272,13 +283,18 @@ def _framing_tokens(tokenizer: Tokenizer, sections: int) -> int:
     return (tokenizer.count_message(empty) if empty is not None else 0) + sections
 
 
+_OPENING = f"<gateway_context>\n{INJECTED_HEADER}\n\n"
+_BETWEEN = "\n\n"
+_CLOSING = "\n</gateway_context>"
+
+
 def _injected_block(injected: list[tuple[str, Proposal]]) -> JSONObject | None:
     """All injected sections in one delimited system message, so the model can tell memory from
     instructions."""
     if not injected:
         return None
-    text = "\n\n".join([INJECTED_HEADER, *(p.text or "" for _, p in injected)])
-    return {"role": "system", "content": f"<gateway_context>\n{text}\n</gateway_context>"}
+    text = _BETWEEN.join(p.text or "" for _, p in injected)
+    return {"role": "system", "content": f"{_OPENING}{text}{_CLOSING}"}
 
 
 def _window_floor(history: list[HistoryItem], injected: list[tuple[str, Proposal]]) -> int:

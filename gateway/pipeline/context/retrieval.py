@@ -586,7 +586,8 @@ class RetrievalSection:
         each is counted once per encoding (the same old messages come back request after request)."""
         if item.node_id is None:
             return build.tokenizer.count(_line(item) + "\n")
-        return self._counted(build, _line(item), item.node_id)
+        count = self.line_tokens.get((build.tokenizer.name, item.node_id))
+        return count if count is not None else self._counted(build, _line(item), item.node_id)
 
     def _counted(self, build: BuildInput, line: str, node_id: str) -> int:
         """Tokens of `line` (message `node_id`'s) and a line break."""
