@@ -880,6 +880,49 @@ def test_this_processs_writes_keep_every_cached_conversation_current_without_rea
     run(scenario())
 
 
+def test_new_rows_of_a_conversation_held_whole_are_appended_and_others_merged(tmp_path: Path) -> None:
+    """A write whose ids the cached copy (read whole, exact as of the table's version) does not hold is a
+    plain append; a retried write of the same rows, a write to a conversation not held, and a write to
+    one whose copy came partly from a delta read (which may miss rows another writer dated far back) go
+    through the merge, and no row is ever stored twice."""
+    uri = str(tmp_path / "db")
+    index = LanceIndex.open(uri, "shared", DIMS, cache_rows=1000)
+    other = LanceIndex.open(uri, "shared", DIMS)
+
+    async def scenario() -> None:
+        await index.add([row("a0", "kafka broker", vector=unit(1, 0, 0, 0), depth=0)])  # builds the indexes
+        await index.search(query("kafka", unit(1, 0, 0, 0), conversation_id="c1"))
+        table = await index._open()
+        merges: list[str] = []
+        original = table.merge_insert
+
+        def counted(on: Any) -> Any:
+            merges.append(str(on))
+            return original(on)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(table, "merge_insert", counted)
+            await index.add([row("a1", "kafka again", vector=unit(0, 1, 0, 0), depth=1)])
+            assert merges == []  # appended
+            await index.add([row("a1", "kafka again", vector=unit(0, 1, 0, 0), depth=1)])  # a retried job
+            assert len(merges) == 1
+            await index.add([row("b0", "elsewhere", vector=unit(1, 0, 0, 0), conversation="c2")])
+            assert len(merges) == 2  # not held: unknown
+            # Another writer adds a row dated an hour before the newest held: a delta read misses it.
+            late = BASE - timedelta(hours=1)
+            await other.add([row("late", "kafka late", created_at=late)])
+            await index.search(query("kafka", unit(1, 0, 0, 0), conversation_id="c1"))
+            assert index._cache is not None
+            entry = index._cache.get(("acme", "c1"))
+            assert entry is not None and not entry.whole and "late:m" not in entry.positions
+            await index.add([row("late", "kafka late", vector=unit(1, 1, 0, 0), created_at=late)])
+            assert len(merges) == 3
+        held = await index.rows_of("acme", "c1")
+        assert sorted(held) == [("a0:m", True), ("a1:m", True), ("late:m", True)]
+
+    run(scenario())
+
+
 def test_searches_while_this_process_writes_read_nothing_from_the_table(tmp_path: Path) -> None:
     """Writes to four conversations, one after another, with searches of them running all along: a search
     that lands between a write's commit and its application to the copy serves the copy as it was (and

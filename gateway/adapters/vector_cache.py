@@ -57,6 +57,9 @@ class Entry:
     embedded: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
     postings: Postings = field(default_factory=Postings)
     loaded_at: float = field(default_factory=time.monotonic)
+    # Every row of the conversation as of `version` (read whole, then only this process's writes); False
+    # once a delta was read, which may miss rows another writer dated far back.
+    whole: bool = True
 
     @classmethod
     def empty(cls, conversation_id: str, dimensions: int, version: int = -1) -> Entry:
