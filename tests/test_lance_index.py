@@ -880,6 +880,48 @@ def test_this_processs_writes_keep_every_cached_conversation_current_without_rea
     run(scenario())
 
 
+def test_a_conversation_read_while_this_process_wrote_is_brought_up_to_date_from_its_writes(
+    tmp_path: Path,
+) -> None:
+    """A copy read as of version v, put after this process's writes v+1 and v+2 had landed, is brought up
+    to v+2 from those writes (its own rows added, the other conversation's write passed over), not left
+    behind for the next search to read again; another writer's version in between stops it there."""
+    uri = str(tmp_path / "db")
+    index = LanceIndex.open(uri, "shared", DIMS, cache_rows=1000)
+    other = LanceIndex.open(uri, "shared", DIMS)
+
+    async def scenario() -> None:
+        await index.add(
+            [row(f"{c}0", "kafka", vector=unit(1, 0, 0, 0), conversation=c) for c in ("c1", "c2")]
+        )
+        await index.search(query("kafka", unit(1, 0, 0, 0), conversation_id="c1"))
+        assert index._cache is not None
+        read = index._cache.get(("acme", "c1"))
+        assert read is not None
+        await index.add([row("x1", "kafka two", vector=unit(0, 1, 0, 0), conversation="c2", depth=1)])
+        await index.add([row("a1", "kafka one", vector=unit(0, 1, 0, 0), conversation="c1", depth=1)])
+        table = await index._open()
+        now = await table.version()
+        caught = index._caught_up(("acme", "c1"), read)
+        assert caught.version == now == read.version + 2
+        assert set(caught.positions) == {"c10:m", "a1:m"} and caught.embedded.all()
+        assert ids(
+            caught.keyword(query("kafka", conversation_id="c1", limit=5), index._analyzer.query("kafka one"))
+        ) == [
+            "a1",
+            "c10",
+        ]
+        # Another writer's version in between: caught up to just before it, the rest left to a read.
+        await other.add([row("z1", "elsewhere", conversation="c3")])
+        await index.add([row("a2", "kafka three", vector=unit(0, 0, 1, 0), conversation="c1", depth=2)])
+        again = index._caught_up(("acme", "c1"), read)
+        assert again.version == now and "a2:m" not in again.positions
+        found = await index.search(query("kafka", unit(0, 0, 1, 0), conversation_id="c1"))
+        assert ids(found.semantic)[0] == "a2"
+
+    run(scenario())
+
+
 def test_new_rows_of_a_conversation_held_whole_are_appended_and_others_merged(tmp_path: Path) -> None:
     """A write whose ids the cached copy (read whole, exact as of the table's version) does not hold is a
     plain append; a retried write of the same rows, a write to a conversation not held, and a write to

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import re
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
@@ -83,6 +84,9 @@ _MAX_BUSY_SHARE = 0.2  # after a compaction taking d seconds, the next waits at 
 # old copies stay until they age out: with 10 minutes a LoCoMo replay (17k rows, ~5,000 writes in an
 # hour) left 47 GB on disk.
 _KEEP_VERSIONS = timedelta(seconds=60)
+# This process's latest writes kept to bring a conversation read meanwhile up to date (`_caught_up`).
+_APPLIED_WRITES = 256
+_APPLIED_ROWS = 20_000
 TEXT_INDEX = "text_idx"  # LanceDB's name for the full-text index on `text`
 _BACKLOG_ROWS = 1_000  # unindexed rows a process finds at its first write that make it compact at once
 
@@ -318,6 +322,11 @@ class LanceIndex:
         # The table's version when this process's write now under way began (None: none is): a cached
         # conversation exact as of it is served as it is until that write has been applied to it.
         self._write_base: int | None = None
+        # This process's latest writes, oldest first: (version before, version after, the rows; None for
+        # a compaction, which changes no row). A conversation read from the table while they landed is
+        # brought up to date from here instead of being read again (see `_caught_up`).
+        self._applied: deque[tuple[int, int, pa.Table | None]] = deque()
+        self._applied_rows = 0
 
     @classmethod
     def open(
@@ -414,15 +423,44 @@ class LanceIndex:
         ids = data.column("id").to_pylist()
         if len(set(ids)) < len(ids):
             return False
-        keys = zip(data.column("tenant").to_pylist(), data.column("conversation_id").to_pylist(), strict=True)
         held: dict[Key, Entry | None] = {}
-        for key, row_id in zip(keys, ids, strict=True):
+        for key, row_id in zip(_keys(data), ids, strict=True):
             if key not in held:
                 held[key] = self._cache.get(key)
             entry = held[key]
             if entry is None or not entry.whole or entry.version != version or row_id in entry.positions:
                 return False
         return True
+
+    def _remember(self, before: int, after: int, data: pa.Table | None) -> None:
+        """Keep this write for `_caught_up`: the latest `_APPLIED_WRITES` writes, `_APPLIED_ROWS` rows
+        at most (a bulk import's chunks are large)."""
+        self._applied.append((before, after, data))
+        self._applied_rows += data.num_rows if data is not None else 0
+        while len(self._applied) > _APPLIED_WRITES or self._applied_rows > _APPLIED_ROWS:
+            _, _, dropped = self._applied.popleft()
+            self._applied_rows -= dropped.num_rows if dropped is not None else 0
+
+    def _caught_up(self, key: Key, entry: Entry) -> Entry:
+        """`entry`, read as of its version, with this process's writes since applied (in order, while
+        they follow on without a gap). Without this, a write landing while a conversation was being read
+        left it a version behind, the next search read it again, and so on (logged: every refresh of a
+        conversation found the table one write further on)."""
+        for before, after, data in self._applied:
+            if after <= entry.version:
+                continue
+            if before != entry.version:
+                break  # another writer's version in between: the next search reads what changed
+            rows = None
+            if data is not None:
+                mine = [i for i, k in enumerate(_keys(data)) if k == key]
+                rows = data.take(mine).select(COLUMNS) if mine else None
+            entry = (
+                entry.merged(rows, after, self._analyzer)
+                if rows is not None
+                else replace(entry, version=after)
+            )
+        return entry
 
     async def _cache_added(self, data: pa.Table, version: int) -> None:
         """Apply this write to the cached conversations it touched, if the table had not moved since they
@@ -432,9 +470,9 @@ class LanceIndex:
         conversation's write and re-read its delta."""
         cache = self._cache
         assert cache is not None
-        tenants = data.column("tenant").to_pylist()
-        conversations = data.column("conversation_id").to_pylist()
-        touched = list(zip(tenants, conversations, strict=True))
+        if self._write_base is not None:
+            self._remember(self._write_base, version, data)
+        touched = _keys(data)
         current = {k: e for k in set(touched) if (e := cache.get(k)) is not None and e.version == version - 1}
 
         def merge() -> dict[Key, Entry]:
@@ -593,6 +631,7 @@ class LanceIndex:
         after = max(rows, default=before)
         if before in rows and all(rows.get(v) == rows[before] for v in range(before + 1, after + 1)):
             self._cache.advance(before, after)
+            self._remember(before, after, None)
 
     # -- reads (request path) -------------------------------------------------------------------------
 
@@ -676,6 +715,7 @@ class LanceIndex:
             entry = await anyio.to_thread.run_sync(entry.merged, rows, version, self._analyzer)
             if delta:
                 entry = replace(entry, whole=False)
+            entry = self._caught_up(key, entry)
             if not cache.put(key, entry):
                 self._too_big.add(key)  # larger than the whole cache: searched in the table from now on
         # Locks of conversations no longer held go once they pile up.
@@ -717,6 +757,13 @@ def _from_memory(
     return SearchResult(
         entry.search(query, vector) if vector is not None else [],
         entry.keyword(query, terms) if terms is not None else [],
+    )
+
+
+def _keys(data: pa.Table) -> list[Key]:
+    """Each row's cache key."""
+    return list(
+        zip(data.column("tenant").to_pylist(), data.column("conversation_id").to_pylist(), strict=True)
     )
 
 
