@@ -32,6 +32,7 @@ class BuildInput:
 
 @dataclass(slots=True)
 class Proposal:
+    # The exact count of `text` (or of `messages`): the builder counts the injected block from it.
     tokens: int = 0
     messages: list[HistoryItem] = field(default_factory=list)
     text: str | None = None
