@@ -87,6 +87,7 @@ _KEEP_VERSIONS = timedelta(seconds=60)
 # This process's latest writes kept to bring a conversation read meanwhile up to date (`_caught_up`).
 _APPLIED_WRITES = 256
 _APPLIED_ROWS = 20_000
+_LOOP_ROWS = 200  # rows of one write a catch-up on the event loop applies (more: left to the next read)
 TEXT_INDEX = "text_idx"  # LanceDB's name for the full-text index on `text`
 _BACKLOG_ROWS = 1_000  # unindexed rows a process finds at its first write that make it compact at once
 
@@ -441,12 +442,20 @@ class LanceIndex:
             _, _, dropped = self._applied.popleft()
             self._applied_rows -= dropped.num_rows if dropped is not None else 0
 
-    def _caught_up(self, key: Key, entry: Entry) -> Entry:
+    def _caught_up(
+        self,
+        key: Key,
+        entry: Entry,
+        applied: Iterable[tuple[int, int, pa.Table | None]] | None = None,
+        max_rows: int | None = None,
+    ) -> Entry:
         """`entry`, read as of its version, with this process's writes since applied (in order, while
-        they follow on without a gap). Without this, a write landing while a conversation was being read
-        left it a version behind, the next search read it again, and so on (logged: every refresh of a
-        conversation found the table one write further on)."""
-        for before, after, data in self._applied:
+        they follow on without a gap; `applied`: a snapshot of them, for a worker thread). Without this, a
+        write landing while a conversation was being read left it a version behind, the next search read
+        it again, and so on (logged: every refresh of a conversation found the table one write further
+        on). A write with more than `max_rows` rows of it stops there (on the event loop, a bulk chunk's
+        terms would hold it up: the next search reads it instead)."""
+        for before, after, data in self._applied if applied is None else applied:
             if after <= entry.version:
                 continue
             if before != entry.version:
@@ -454,6 +463,8 @@ class LanceIndex:
             rows = None
             if data is not None:
                 mine = [i for i, k in enumerate(_keys(data)) if k == key]
+                if max_rows is not None and len(mine) > max_rows:
+                    break
                 rows = data.take(mine).select(COLUMNS) if mine else None
             entry = (
                 entry.merged(rows, after, self._analyzer)
@@ -712,10 +723,15 @@ class LanceIndex:
                 where = where & (col("created_at") >= lit(newest - DELTA_MARGIN))
             rows = await table.query().where(where).select(COLUMNS).to_arrow()
             delta = entry.rows > 0
-            entry = await anyio.to_thread.run_sync(entry.merged, rows, version, self._analyzer)
-            if delta:
-                entry = replace(entry, whole=False)
-            entry = self._caught_up(key, entry)
+            read, applied = entry, list(self._applied)
+
+            def merge() -> Entry:
+                # On a worker thread with the writes that had landed by then; the loop applies any since.
+                merged = read.merged(rows, version, self._analyzer)
+                return self._caught_up(key, replace(merged, whole=False) if delta else merged, applied)
+
+            entry = await anyio.to_thread.run_sync(merge)
+            entry = self._caught_up(key, entry, max_rows=_LOOP_ROWS)
             if not cache.put(key, entry):
                 self._too_big.add(key)  # larger than the whole cache: searched in the table from now on
         # Locks of conversations no longer held go once they pile up.
