@@ -132,18 +132,21 @@ class Soak:
         self.config = self.workdir / "soak.yaml"
         self.config.write_text(json.dumps(self._config(upstream_port)))
         for n in range(self.args.replicas):
-            port = free_port()
-            process = self._spawn(
-                [sys.executable, "-m", "gateway", "serve", "--config", str(self.config), "--port", str(port)],
-                f"gateway-{n}",
-            )
-            self.gateways.append((f"http://127.0.0.1:{port}", process))
+            self.gateways.append(self._gateway(f"gateway-{n}"))
         deadline = time.monotonic() + 120
-        for url, process in self.gateways:
+        for n in range(len(self.gateways)):
+            retries = 3
             while True:
+                url, process = self.gateways[n]
                 if process.poll() is not None:
                     log = self.logs[self.processes.index(process)]
                     tail = log.read_text(errors="replace")[-3000:]  # the cause, where CI prints it
+                    if "address already in use" in tail and retries:
+                        # The free port was taken before the gateway bound it (another test's
+                        # connection): start it again on another.
+                        retries -= 1
+                        self.gateways[n] = self._gateway(f"gateway-{n}-retry{3 - retries}")
+                        continue
                     raise SystemExit(f"gateway at {url} exited at start ({log}):\n{tail}")
                 with contextlib.suppress(httpx.HTTPError):
                     if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
@@ -151,6 +154,11 @@ class Soak:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"gateway at {url} did not start in 120 s")
                 time.sleep(0.3)
+
+    def _gateway(self, name: str) -> tuple[str, subprocess.Popen[bytes]]:
+        port = free_port()
+        argv = [sys.executable, "-m", "gateway", "serve", "--config", str(self.config), "--port", str(port)]
+        return f"http://127.0.0.1:{port}", self._spawn(argv, name)
 
     def _spawn(self, argv: list[str], name: str) -> subprocess.Popen[bytes]:
         log = self.workdir / f"{name}.log"
