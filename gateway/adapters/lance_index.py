@@ -708,12 +708,14 @@ class LanceIndex:
             table = await self._open()
             version = await table.version()
             entry = cache.get(key)
-            if entry is not None and entry.version in (version, self._write_base):
-                # Exact now, or exact as of just before this process's write under way, which applies
-                # itself here when it lands (it adds messages of the newest exchanges, which the recent
-                # window holds; a compaction adds none). Read again, the whole recent stretch of the
-                # conversation would come back: every search during a write did that (measured: 1,163
-                # re-reads of ~3,000 rows for 78 writes at 32 connections).
+            if entry is not None and (entry.version >= version or entry.version == self._write_base):
+                # Exact now (or later: this process's write can commit and apply itself here between the
+                # version read and this line, so the version read is the stale one), or exact as of just
+                # before this process's write under way, which applies itself here when it lands (it
+                # adds messages of the newest exchanges, which the recent window holds; a compaction adds
+                # none). Read again, the whole recent stretch of the conversation would come back: every
+                # search during a write did that (measured: 1,163 re-reads of ~3,000 rows for 78 writes
+                # at 32 connections).
                 return entry
             where = (col("tenant") == lit(key[0])) & (col("conversation_id") == lit(key[1]))
             newest = entry.newest() if entry is not None else None
