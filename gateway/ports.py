@@ -252,6 +252,18 @@ class JobQueue(Protocol):
         conversation's indexing backlog)."""
         ...
 
+    async def queued(self, kind: str, key_prefix: str, tenant: str) -> list[tuple[str, JSONObject]]:
+        """(key, payload) of the jobs of `kind` waiting to run (not running) whose key starts with
+        `key_prefix`, oldest first: what a running job may `absorb`."""
+        ...
+
+    async def absorb(self, job: Job, keys: Sequence[str], payload: JSONObject) -> list[str]:
+        """Fold queued jobs of `job`'s kind and tenant into `job`, which is leased (`job.worker`): in one
+        transaction, those with these keys still queued are deleted and `job`'s payload becomes `payload`
+        (the caller's union of their work and its own, so a retry of `job` still does all of it). Returns
+        the keys absorbed: none when the lease was lost, and never a job another worker leased meanwhile."""
+        ...
+
     async def failures(self, tenant: str | None = None, limit: int = 20) -> list[JobState]:
         """The newest jobs that failed for good, with their errors."""
         ...

@@ -274,6 +274,7 @@ class Job:
     key: str | None
     attempts: int  # including the current one
     lease_until: datetime
+    worker: str | None = None  # the lease's holder (what `JobQueue.absorb` fences on)
 
 
 @dataclass(frozen=True, slots=True)

@@ -499,9 +499,10 @@ def build_deps(
     }
     # Tenants whose memory is learnt in the background (with a key of the gateway's own).
     learners = {t.name: memory[t.name] for t in config.tenants if t.name in memory and learns(t)}
+    metrics = Metrics(counters)
     all_handlers: dict[str, JobHandler] = {
         COMPACT: CompactHandler(store, summaries, tokenizers, targets.get),
-        EMBED: EmbedHandler(store, indexes.get, sql.jobs),
+        EMBED: EmbedHandler(store, indexes.get, sql.jobs, metrics.job),
         EXTRACT_MEMORY: ExtractMemoryHandler(
             store,
             memories,
@@ -514,7 +515,6 @@ def build_deps(
     }
     all_handlers.update(handlers or {})
     jobs = sql.jobs
-    metrics = Metrics(counters)
     workers = WorkerPool(jobs, all_handlers, config.jobs, observe=metrics.job)
     # Jobs this process enqueues (with the messages that cause them) start without waiting for a poll.
     jobs.add_listener(workers.notify)

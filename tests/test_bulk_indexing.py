@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.adapters.sql.store import SqlStore
 from gateway.fakes.embedder import HashingEmbedder
@@ -237,3 +238,180 @@ def test_jobs_of_long_messages_are_bounded_by_their_texts_size(database_url: str
             await store.aclose()
 
     asyncio.run(scenario())
+
+
+def exchange_jobs(conversation_id: str, messages: list[NewMessage], size: int = 2) -> list[EmbedWork]:
+    """One "all" job per exchange of `size` messages, as the persist step queues them, oldest first."""
+    return [
+        EmbedWork(conversation_id, messages[end - 1].id, size) for end in range(size, len(messages) + 1, size)
+    ]
+
+
+def test_a_conversations_queued_exchanges_are_embedded_by_one_job(database_url: str) -> None:
+    """Five exchanges queued one job each before any ran (a conversation busier than the workers): the
+    first job to run takes the other four (one embedding call, one index write), the queue holds none of
+    them afterwards, and the job's stored payload covers all ten messages, so a retry would too."""
+
+    async def scenario() -> None:
+        store = SqlStore.open(database_url)
+        try:
+            messages = chain(10)
+            conversation_id = await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
+            embedder, index = HashingEmbedder(8), MemoryIndex()
+            handler = EmbedHandler(store, {"acme": IndexTarget(embedder, index)}.get, store.jobs)
+            for work in exchange_jobs(conversation_id, messages):
+                await store.jobs.enqueue(work.job("acme"))
+            job = (await store.jobs.lease("w", [EMBED], 60))[0]
+            assert job.payload["leaf_id"] == messages[1].id and job.worker == "w"
+            await handler(job)
+            assert await store.jobs.complete(job, "w")
+            assert len(embedder.calls) == 1
+            assert {r.row.node_id for r in index.rows.values() if r.unit is not None} == {
+                m.id for m in messages
+            }
+            assert await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme") == []
+            state = await store.jobs.get(job.id)
+            assert state is not None and state.payload["leaf_id"] == messages[-1].id
+            assert state.payload["count"] == 10
+            assert await store.jobs.lease("w", [EMBED], 60) == []
+        finally:
+            await store.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_jobs_of_another_branch_or_leased_elsewhere_are_left_alone(database_url: str) -> None:
+    """Absorbing takes only what joins this job's stretch on its branch and is still queued: a branch's
+    exchange keeps its job, a job another worker leased meanwhile stays that worker's, and a job whose
+    lease was lost absorbs nothing."""
+
+    async def scenario() -> None:
+        store = SqlStore.open(database_url)
+        try:
+            messages = chain(8)
+            conversation_id = await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
+            # A branch off message 3: the client edited message 4 and got another answer.
+            fork = [
+                NewMessage("b" * 32, messages[3].id, 4, "user", {"role": "user", "content": "edited"}, 3, 0),
+                NewMessage(
+                    "c" * 32, "b" * 32, 5, "assistant", {"role": "assistant", "content": "other"}, 3, 0
+                ),
+            ]
+            await store.append(AppendRequest("acme", conversation_id, "u1", None, tuple(fork)))
+            embedder, index = HashingEmbedder(8), MemoryIndex()
+            handler = EmbedHandler(store, {"acme": IndexTarget(embedder, index)}.get, store.jobs)
+            works = exchange_jobs(conversation_id, messages)  # leaves 1, 3, 5, 7
+            for work in works:
+                await store.jobs.enqueue(work.job("acme"))
+            branch = EmbedWork(conversation_id, "c" * 32, 2)
+            await store.jobs.enqueue(branch.job("acme"))
+            first = (await store.jobs.lease("w1", [EMBED], 60))[0]
+            second = (await store.jobs.lease("w2", [EMBED], 60))[0]  # leaf 3, now running elsewhere
+            assert second.payload["leaf_id"] == messages[3].id
+            # The branch job was queued last: its path is the one read first, and this job is not on it.
+            await handler(first)
+            assert await store.jobs.complete(first, "w1")
+            assert len(embedder.calls) == 1 and len(embedder.calls[0]) < 6  # its own exchange alone
+            queued = {
+                p["leaf_id"] for p in await store.jobs.pending(EMBED, embed_key_prefix(conversation_id))
+            }
+            assert queued == {messages[3].id, messages[5].id, messages[7].id, "c" * 32}
+            # The branch's job absorbs nothing of the main line; the main line's next job takes the last.
+            third = (await store.jobs.lease("w1", [EMBED], 60))[0]
+            assert third.payload["leaf_id"] == messages[5].id
+            await handler(third)
+            assert await store.jobs.complete(third, "w1")
+            remaining = await store.jobs.queued(EMBED, embed_key_prefix(conversation_id), "acme")
+            assert [p["leaf_id"] for _, p in remaining] == ["c" * 32]
+            state = await store.jobs.get(third.id)
+            assert state is not None and (state.payload["leaf_id"], state.payload["count"]) == (
+                messages[7].id,
+                4,
+            )
+            # A lease lost (expired and taken again) absorbs nothing and rewrites nothing.
+            stale = replace(second, attempts=second.attempts + 5)
+            assert await store.jobs.absorb(stale, [branch.job("acme").key or ""], {"x": 1}) == []
+            state = await store.jobs.get(second.id)
+            assert state is not None and state.payload == second.payload
+            assert len(await store.jobs.queued(EMBED, embed_key_prefix(conversation_id), "acme")) == 1
+            # The branch forks at this job's leaf: its exchange joins this stretch, so it is taken.
+            await handler(second)
+            assert await store.jobs.complete(second, "w2")
+            state = await store.jobs.get(second.id)
+            assert state is not None and (state.payload["leaf_id"], state.payload["count"]) == ("c" * 32, 4)
+            assert await store.jobs.lease("w1", [EMBED], 60) == []
+            embedded = {r.row.node_id for r in index.rows.values() if r.unit is not None}
+            assert embedded == {m.id for m in messages} | {"b" * 32, "c" * 32}
+        finally:
+            await store.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_job_that_absorbed_others_and_failed_does_all_of_it_on_retry(database_url: str) -> None:
+    async def scenario() -> None:
+        store = SqlStore.open(database_url)
+        try:
+            messages = chain(6)
+            conversation_id = await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
+            embedder, index = HashingEmbedder(8), MemoryIndex()
+            handler = EmbedHandler(store, {"acme": IndexTarget(embedder, index)}.get, store.jobs)
+            for work in exchange_jobs(conversation_id, messages):
+                await store.jobs.enqueue(work.job("acme"))
+            job = (await store.jobs.lease("w", [EMBED], 60))[0]
+            embedder.fail = True
+            try:
+                await handler(job)
+            except Exception as exc:  # the worker pool records it and retries
+                await store.jobs.fail(job, "w", str(exc), 0.0)
+            else:
+                raise AssertionError("the embedder was told to fail")
+            # Findable by keyword meanwhile: every absorbed message's text was written.
+            assert {r.row.node_id for r in index.rows.values()} == {m.id for m in messages}
+            embedder.fail = False
+            retry = (await store.jobs.lease("w", [EMBED], 60))[0]
+            assert retry.id == job.id and retry.payload["count"] == 6
+            await handler(retry)
+            assert await store.jobs.complete(retry, "w")
+            assert {r.row.node_id for r in index.rows.values() if r.unit is not None} == {
+                m.id for m in messages
+            }
+            assert await store.jobs.lease("w", [EMBED], 60) == []
+        finally:
+            await store.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_exchanges_queued_while_no_worker_ran_are_indexed_by_one_job(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """Through the real gateway: five exchanges of one conversation are served by a process that runs no
+    jobs (a front replica), then a process with a worker on the same database and index takes them: one
+    embed job indexes all ten messages, and `/metrics` counts the four it absorbed."""
+    acme = tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY], compaction={"enabled": False})
+    front = make_gateway([acme], jobs={"workers": 0})
+    client = front.client()
+    history: list[dict[str, Any]] = []
+    conversation_id = ""
+    for turn in range(5):
+        history.append({"role": "user", "content": f"Question {turn}: what about ledger KX-{turn}?"})
+        raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+        conversation_id = raw.headers["x-conversation-id"]
+        history.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+    assert conversation_index(front, conversation_id)["searchable"] == 0
+    back = make_gateway([acme], jobs={"workers": 1})
+    wait_for_jobs(back)
+    assert conversation_index(back, conversation_id) == {
+        "messages": 10,
+        "searchable": 10,
+        "embedded": 10,
+        "complete": True,
+    }
+    metrics = {
+        (sample.labels.get("kind"), sample.labels.get("outcome")): sample.value
+        for family in text_string_to_metric_families(httpx.get(f"{back.server.url}/metrics").text)
+        for sample in family.samples
+        if sample.name == "gateway_job_runs_total"
+    }
+    assert metrics[("embed", "absorbed")] == 4 and metrics[("embed", "done")] == 1

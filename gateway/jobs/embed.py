@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from gateway.errors import EmbeddingError
+from gateway.jobs.worker import JobObserver
 from gateway.pipeline.text import message_text
 from gateway.ports import Embedder, JobQueue, MessageStore, VectorIndex
-from gateway.records import EmbedWork, IndexRow, Job, StoredMessage
+from gateway.records import EMBED, EmbedWork, IndexRow, Job, StoredMessage, embed_key_prefix
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ DEFAULT_BATCH_MESSAGES = 64
 # one thread spent over 60 s on 64 messages of ~2,000 characters). About 4 s a job on this machine.
 BATCH_CHARS = 24_000
 TEXT_COST_CHARS = 2_000
+_BRANCH_READS = 3  # paths a job reads looking for its branch's newest queued exchange (`_absorb`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +105,15 @@ class EmbedHandler:
     store: MessageStore
     targets: Callable[[str], IndexTarget | None]  # tenant -> its index; None: retrieval is off
     queue: JobQueue  # where the rest of a large stretch goes, as further bounded jobs
+    # Told of each queued job folded into a running one, as the outcome "absorbed" (the metrics).
+    observe: JobObserver | None = None
 
     async def __call__(self, job: Job) -> None:
         target = self.targets(job.tenant)
         work = EmbedWork.parse(job.payload)
         if target is None or work is None:
             return
+        work = await self._absorb(job, work)
         if work.mode == "texts":
             await self._texts(job.tenant, target, work)
             return
@@ -141,6 +146,64 @@ class EmbedHandler:
         if work.count > count:
             rest = EmbedWork(conversation_id, path[-count - 1].node.id, work.count - count, "vectors")
             await self.queue.enqueue(rest.job(job.tenant))
+
+    async def _absorb(self, job: Job, work: EmbedWork) -> EmbedWork:
+        """This job's work grown by the conversation's later exchanges still queued on the same branch,
+        their jobs folded into this one (`JobQueue.absorb`): one path read, one embedding call and one
+        index write for all of them. Under load a conversation's exchanges queue faster than jobs run,
+        and each job's fixed cost (store reads, a call, a table write and its compaction share) was most
+        of its time (BENCHMARKS.md, issue 16). Only stretches that join up with this one are taken."""
+        if work.mode != "all" or work.conversation_id is None:
+            return work
+        prefix = f"{embed_key_prefix(work.conversation_id)}{work.mode}:"
+        others: dict[str, EmbedWork] = {}
+        for key, payload in await self.queue.queued(EMBED, prefix, job.tenant):
+            other = EmbedWork.parse(payload)
+            if key != job.key and other is not None and other.mode == "all":
+                others[key] = other
+        if not others:
+            return work
+        reach = work.count + sum(other.count for other in others.values())
+        # The newest exchange of this job's branch: normally the one queued last. A path that does not
+        # hold this job's leaf is another branch's, and so are the queued leaves on it.
+        seen: set[str] = set()
+        reads = 0
+        for newest_key in reversed(others):
+            if newest_key in seen:
+                continue
+            if reads == _BRANCH_READS:
+                return work
+            reads += 1
+            newest = others[newest_key]
+            path = await self.store.path(job.tenant, newest.leaf_id, newest_messages=reach)
+            depths = {m.node.id: m.node.depth for m in path}
+            if work.leaf_id in depths:
+                break
+            seen |= {key for key, other in others.items() if other.leaf_id in depths}
+        else:
+            return work
+        stretches = {
+            key: (depths[w.leaf_id] - w.count + 1, depths[w.leaf_id])
+            for key, w in [*others.items(), (job.key or "", work)]
+            if w.leaf_id in depths
+        }
+        low, high = stretches[newest_key]
+        # Down from the newest (the path ends there): every stretch that reaches the covered span joins.
+        for start, end in sorted(stretches.values(), key=lambda s: s[1], reverse=True):
+            if end >= low - 1:
+                low = min(low, start)
+        if stretches[job.key or ""][0] < low:
+            return work  # a gap between this job's stretch and the newer ones
+        keys = [key for key, (start, _) in stretches.items() if start >= low and key in others]
+        grown = EmbedWork(work.conversation_id, newest.leaf_id, high - low + 1, work.mode)
+        absorbed = await self.queue.absorb(job, keys, grown.job(job.tenant).payload)
+        if not absorbed:
+            return work  # taken by other workers meanwhile (or this lease was lost)
+        log.debug("embed job %s absorbed %d queued jobs of its conversation", job.id, len(absorbed))
+        if self.observe is not None:
+            for _ in absorbed:
+                self.observe(EMBED, "absorbed", None)
+        return grown
 
     async def _texts(self, tenant: str, target: IndexTarget, work: EmbedWork) -> None:
         """Write the texts (no vectors) of the newest `TEXT_CHUNK_MESSAGES` of the stretch; queue the rest."""

@@ -50,6 +50,7 @@ STATUSES = ("queued", "running", "done", "failed")
 _JOBS = SQLModel.metadata.tables[str(JobRow.__tablename__)]
 _TIMESTAMP = DateTime(timezone=True)
 _ERROR_CHARS = 4000  # enough for a message and the end of a traceback; the log has the whole of it
+_ABSORB_AT_MOST = 256  # queued jobs `queued` lists (a job absorbs a bounded number at a time)
 
 
 class _Clock:
@@ -170,6 +171,28 @@ class _Statements:
             _JOBS.c.key.like(bindparam("pattern"), escape="\\"),
         )
         self.tenant_pending: Select[Any] = self.pending.where(_JOBS.c.tenant == bindparam("tenant"))
+        self.queued: Select[Any] = (
+            select(_JOBS.c.key, _JOBS.c.payload)
+            .where(
+                _JOBS.c.status == "queued",
+                _JOBS.c.tenant == bindparam("tenant"),
+                _JOBS.c.kind == bindparam("kind"),
+                _JOBS.c.key.like(bindparam("pattern"), escape="\\"),
+            )
+            .order_by(_JOBS.c.created_at)
+            .limit(_ABSORB_AT_MOST)
+        )
+        self.rewrite: Update = update(_JOBS).where(held).values(payload=bindparam("payload"), updated_at=now)
+        self.absorb = (
+            delete(_JOBS)
+            .where(
+                _JOBS.c.status == "queued",
+                _JOBS.c.tenant == bindparam("tenant"),
+                _JOBS.c.kind == bindparam("kind"),
+                _JOBS.c.key.in_(bindparam("keys", expanding=True)),
+            )
+            .returning(_JOBS.c.key)
+        )
 
 
 _STATEMENTS = {"postgresql": _Statements(postgres=True), "sqlite": _Statements(postgres=False)}
@@ -184,6 +207,11 @@ def _statements(dialect: str) -> _Statements:
 
 def _aware(value: datetime) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern (escape character backslash) matching what starts with `prefix`."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def enqueue_in(connection: Connection, jobs: Sequence[NewJob]) -> list[str | None]:
@@ -279,7 +307,8 @@ class SqlJobQueue:
     def _lease(self, params: dict[str, Any]) -> list[Job]:
         with self.engine.begin() as connection:
             rows = connection.execute(self._statements.lease, params).all()
-        return [Job(row[0], row[1], row[2], row[3], row[4], row[5], _aware(row[6])) for row in rows]
+        worker = params["worker"]
+        return [Job(row[0], row[1], row[2], row[3], row[4], row[5], _aware(row[6]), worker) for row in rows]
 
     async def complete(self, job: Job, worker: str) -> bool:
         params = {
@@ -328,13 +357,36 @@ class SqlJobQueue:
         return await self._run(run)
 
     async def pending(self, kind: str, key_prefix: str, tenant: str | None = None) -> list[JSONObject]:
-        escaped = key_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        params = {"kind": kind, "pattern": escaped + "%", "tenant": tenant}
+        params = {"kind": kind, "pattern": _like_prefix(key_prefix), "tenant": tenant}
         statement = self._statements.pending if tenant is None else self._statements.tenant_pending
 
         def run() -> list[JSONObject]:
             with self.engine.connect() as connection:
                 return [row[0] for row in connection.execute(statement, params)]
+
+        return await self._run(run)
+
+    async def queued(self, kind: str, key_prefix: str, tenant: str) -> list[tuple[str, JSONObject]]:
+        params = {"kind": kind, "pattern": _like_prefix(key_prefix), "tenant": tenant}
+
+        def run() -> list[tuple[str, JSONObject]]:
+            with self.engine.connect() as connection:
+                return [(row[0], row[1]) for row in connection.execute(self._statements.queued, params)]
+
+        return await self._run(run)
+
+    async def absorb(self, job: Job, keys: Sequence[str], payload: JSONObject) -> list[str]:
+        if not keys or job.worker is None:
+            return []
+        held = {"job_id": job.id, "worker": job.worker, "attempt": job.attempts, "payload": payload}
+        held.update(self._statements.clock.params())
+        absorbed = {"tenant": job.tenant, "kind": job.kind, "keys": [k for k in keys if k != job.key]}
+
+        def run() -> list[str]:
+            with self.engine.begin() as connection:
+                if connection.execute(self._statements.rewrite, held).rowcount != 1:
+                    return []  # the lease was lost: the job is someone else's now
+                return [row[0] for row in connection.execute(self._statements.absorb, absorbed)]
 
         return await self._run(run)
 
