@@ -16,6 +16,7 @@ from typing import Any
 import click
 from starlette.types import ASGIApp
 
+from gateway.collector import tune_for_serving
 from gateway.config import GatewayConfig, load_config, parse_config
 from gateway.errors import ConfigError
 from gateway.telemetry.logs import configure as configure_logging
@@ -102,7 +103,9 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
         "timeout_keep_alive": config.server.keep_alive_seconds,
     }
     if workers == 1:
-        uvicorn.run(create_app(config), **options)
+        app = create_app(config)
+        tune_for_serving()
+        uvicorn.run(app, **options)
         return
     if config_path:  # each worker process reads the same file (worker_app)
         os.environ["GATEWAY_CONFIG"] = str(Path(config_path).resolve())
@@ -115,7 +118,9 @@ def worker_app() -> ASGIApp:
 
     config = resolve_config(None)
     configure_logging(config.server.log_level, config.server.log_format)
-    return create_app(config)
+    app = create_app(config)
+    tune_for_serving()
+    return app
 
 
 def _raise_open_file_limit(config: GatewayConfig) -> None:

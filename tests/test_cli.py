@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -261,3 +263,19 @@ def test_reindex_after_a_model_change_embeds_every_branch_in_the_new_models_tabl
     off.write_text(json.dumps({"storage": gateway.config.storage.model_dump(), "tenants": tenants}))
     refused = runner.invoke(main, ["reindex", "--config", str(off), "--tenant", "acme"])
     assert refused.exit_code == 1 and "has no retrieval" in refused.output
+
+
+def test_a_serving_process_keeps_what_startup_built_out_of_the_collectors_scans() -> None:
+    """`serve` tunes the collector once the app is built (gateway/collector.py): in a fresh interpreter
+    that built the app, everything alive then is frozen (no later collection scans it) and young
+    collections come after tens of thousands of allocations, not 700."""
+    probe = (
+        "import gc; from gateway.app import create_app; from gateway.cli import resolve_config; "
+        "from gateway.collector import tune_for_serving, YOUNG_THRESHOLD; "
+        "app = create_app(resolve_config(None)); before = gc.get_threshold(); tune_for_serving(); "
+        "print(before[0], gc.get_threshold()[0] == YOUNG_THRESHOLD, gc.get_freeze_count(), len(gc.get_objects()))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    default, tuned, frozen, scanned = out.split()
+    assert default == "700" and tuned == "True"
+    assert int(frozen) > 20_000 and int(scanned) < int(frozen) // 10
