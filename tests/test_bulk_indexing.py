@@ -247,6 +247,20 @@ def exchange_jobs(conversation_id: str, messages: list[NewMessage], size: int = 
     ]
 
 
+async def queued_exchanges(
+    store: SqlStore, count: int
+) -> tuple[str, list[NewMessage], HashingEmbedder, MemoryIndex, EmbedHandler]:
+    """A conversation of `count` messages whose exchanges each queued an embed job, none run yet, and
+    the handler that runs them (a shipped fake embedder and index, to see each job's work)."""
+    messages = chain(count)
+    conversation_id = await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
+    embedder, index = HashingEmbedder(8), MemoryIndex()
+    handler = EmbedHandler(store, {"acme": IndexTarget(embedder, index)}.get, store.jobs)
+    for work in exchange_jobs(conversation_id, messages):
+        await store.jobs.enqueue(work.job("acme"))
+    return conversation_id, messages, embedder, index, handler
+
+
 def test_a_conversations_queued_exchanges_are_embedded_by_one_job(database_url: str) -> None:
     """Five exchanges queued one job each before any ran (a conversation busier than the workers): the
     first job to run takes the other four (one embedding call, one index write), the queue holds none of
@@ -255,12 +269,7 @@ def test_a_conversations_queued_exchanges_are_embedded_by_one_job(database_url: 
     async def scenario() -> None:
         store = SqlStore.open(database_url)
         try:
-            messages = chain(10)
-            conversation_id = await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
-            embedder, index = HashingEmbedder(8), MemoryIndex()
-            handler = EmbedHandler(store, {"acme": IndexTarget(embedder, index)}.get, store.jobs)
-            for work in exchange_jobs(conversation_id, messages):
-                await store.jobs.enqueue(work.job("acme"))
+            conversation_id, messages, embedder, index, handler = await queued_exchanges(store, 10)
             job = (await store.jobs.lease("w", [EMBED], 60))[0]
             assert job.payload["leaf_id"] == messages[1].id and job.worker == "w"
             await handler(job)
@@ -352,12 +361,7 @@ def test_a_job_that_absorbed_others_and_failed_does_all_of_it_on_retry(database_
     async def scenario() -> None:
         store = SqlStore.open(database_url)
         try:
-            messages = chain(6)
-            conversation_id = await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
-            embedder, index = HashingEmbedder(8), MemoryIndex()
-            handler = EmbedHandler(store, {"acme": IndexTarget(embedder, index)}.get, store.jobs)
-            for work in exchange_jobs(conversation_id, messages):
-                await store.jobs.enqueue(work.job("acme"))
+            _, messages, embedder, index, handler = await queued_exchanges(store, 6)
             job = (await store.jobs.lease("w", [EMBED], 60))[0]
             embedder.fail = True
             try:
