@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.adapters.http_upstream import HttpUpstream
 from gateway.adapters.sql.store import SqlStore
@@ -305,3 +306,31 @@ def test_thin_mode_clients_get_the_summary_too(compacting: Gateway, upstream: Up
     assert depths == list(range(len(depths)))
     first_window_turn = next(m for m in forwarded[2:] if m["role"] == "user")["content"]
     assert int(first_window_turn.split("-turn-")[1].split()[0]) * 2 >= len(depths)  # nothing sent twice
+
+
+def test_a_summary_too_long_to_send_does_not_queue_a_compaction_every_answer(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """The stored summary is over its allowance (the fake's summaries are longer than 40 tokens), so it is
+    never sent; the path it covers still counts when an answer asks whether to compact, so compaction
+    jobs run when there is something to fold (each one stores a summary), not after every answer."""
+    compaction = {**COMPACTION, "summary_tokens": 40}
+    gateway = make_gateway(
+        [tenant("acme", upstream.base_url, context=CONTEXT, compaction=compaction, retrieval=NO_RETRIEVAL)],
+        jobs=JOBS,
+    )
+    headers = play(gateway, [SYSTEM], "A", range(40))
+    report = api(gateway, f"/requests/{headers['x-gateway-request-id']}")["report"]
+    assert report["sections"]["summary"]["skipped"] == "over allowance"
+    globals_ = api(gateway, f"/conversations/{headers['x-conversation-id']}/summaries")["global"]
+    assert len(globals_) >= 2, "compaction should still have run"
+    runs = {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(httpx.get(f"{gateway.server.url}/metrics").text)
+        for sample in family.samples
+        if sample.name == "gateway_job_runs_total" and sample.labels["kind"] == "compact"
+    }
+    # Nearly every job folded something (one global summary each); a few find the fold just short of the
+    # threshold, which the handler measures at an exchange boundary. Judged by what was sent, 24 jobs
+    # ran for 8 summaries here.
+    assert runs["done"] - len(globals_) <= 3, (runs, len(globals_))

@@ -116,7 +116,7 @@ class ContextBuilder:
                     replace(build, history=history[floor:]), available - block_tokens
                 )
         available -= block_tokens
-        state.summary_path_tokens = _covered_tokens(injected)
+        state.summary_path_tokens = max(_covered_tokens(injected), _summarised_tokens(reported))
 
         messages: list[HistoryItem] = list(build.system)
         if block is not None:
@@ -310,6 +310,15 @@ def _window_floor(history: list[HistoryItem], injected: list[tuple[str, Proposal
 def _covered_tokens(injected: list[tuple[str, Proposal]]) -> int:
     covered = [p.detail.get("covers_tokens") for _, p in injected if p.covers_through is not None]
     return max((c for c in covered if isinstance(c, int)), default=0)
+
+
+def _summarised_tokens(reported: dict[str, JSONObject]) -> int:
+    """Tokens of the path that the newest stored summary on it covers, whether it was sent or not (one
+    over its allowance is not sent, yet a compaction finds nothing new to fold until the path grows past
+    it: judged by what was sent, every answer queued a compaction job that read the whole path and
+    stopped there, 82 % of them in a benchmark of long conversations, BENCHMARKS.md issue 16)."""
+    covered = [detail.get("covers_tokens") for detail in reported.values()]
+    return max((c for c in covered if isinstance(c, int) and not isinstance(c, bool)), default=0)
 
 
 def known_tokens(items: list[HistoryItem]) -> int:
