@@ -75,6 +75,10 @@ class CallState:
     memory: MemoryScope | None = None  # None: this call neither reads nor feeds memory
     incognito: bool = False  # the client asked for no memory (X-Gateway-Memory: off)
     memory_tool: bool = False  # the gateway offered the model its memory_search tool (it answers it)
+    # Where a provider's prompt-cache breakpoint belongs in the rebuilt request: indices into the sent
+    # chat `messages` (the end of the stable prefix, the end of the window); the Anthropic doors mark the
+    # last content block of each, within Anthropic's limit of four with the client's own.
+    cache_breaks: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
