@@ -2,7 +2,8 @@
 
 It speaks Anthropic's wire format (`POST /v1/messages`, JSON or the named SSE events), answers with a
 short echo of the last user message unless a `Reply` is enqueued, and records every request it received
-so tests can assert what litellm actually sent (system field, content blocks, `x-api-key`).
+so tests can assert what litellm actually sent (system field, content blocks, `x-api-key`). Usage counts
+real tokens, split by a simulated prompt cache at the request's `cache_control` breakpoints (`prompt_cache.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from gateway.fakes.prompt_cache import BreakpointLimitError, CacheUsage, PromptCache, count_breakpoints
 from gateway.ports import JSON, JSONObject
 
 
@@ -70,6 +72,9 @@ class FakeAnthropic:
     _script: deque[Reply] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+    # Anthropic's prompt cache at `cache_control` breakpoints; `simulate_cache = False` reports none.
+    prompt_cache: PromptCache = field(default_factory=PromptCache)
+    simulate_cache: bool = True
 
     def enqueue(self, *replies: Reply) -> None:
         with self._lock:
@@ -99,9 +104,7 @@ class FakeAnthropic:
         body: JSONObject = parsed if isinstance(parsed, dict) else {}
         with self._lock:
             self.received.append(Received(request.url.path, dict(request.headers), body, raw))
-        return _json(
-            {"input_tokens": len(orjson.dumps([body.get("system"), body.get("messages")])) // 4}, 200
-        )
+        return _json({"input_tokens": self.prompt_cache.count_anthropic(body)}, 200)
 
     async def _messages(self, request: Request) -> Response:
         raw = await request.body()
@@ -109,6 +112,9 @@ class FakeAnthropic:
         body: JSONObject = parsed if isinstance(parsed, dict) else {}
         with self._lock:
             self.received.append(Received(request.url.path, dict(request.headers), body, raw))
+        found, limit = count_breakpoints(body), self.prompt_cache.max_breakpoints
+        if found > limit:  # refused before any scripted answer is used, as Anthropic validates first
+            return _json(_error("invalid_request_error", str(BreakpointLimitError(found, limit))), 400)
         reply = self.next_reply(body)
         if reply.delay:
             await asyncio.sleep(reply.delay)
@@ -117,14 +123,21 @@ class FakeAnthropic:
             if reply.status in (429, 529):
                 response.headers["retry-after"] = "7"  # Anthropic says when to come back
             return response
+        measured = self.measure(body)
         message_id = f"msg_fake{next(self._ids)}"
         model = body.get("model") if isinstance(body.get("model"), str) else self.model
-        message = _message(message_id, str(model), reply, body)
+        message = _message(message_id, str(model), reply, measured)
         if body.get("stream") is True:
             return StreamingResponse(
                 self._paced(_events(message, reply), reply), media_type="text/event-stream"
             )
         return _json(message, 200)
+
+    def measure(self, body: JSONObject) -> CacheUsage:
+        """The prompt's real token count, split as Anthropic bills it (BreakpointLimitError: over 4)."""
+        if self.simulate_cache:
+            return self.prompt_cache.anthropic(body)
+        return CacheUsage(self.prompt_cache.count_anthropic(body), 0)
 
     async def _paced(self, events: list[bytes], reply: Reply) -> AsyncIterator[bytes]:
         try:
@@ -186,7 +199,7 @@ def _sse(event: str, data: JSONObject) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-def _message(message_id: str, model: str, reply: Reply, body: JSONObject) -> JSONObject:
+def _message(message_id: str, model: str, reply: Reply, measured: CacheUsage) -> JSONObject:
     content: list[JSON] = []
     if reply.thinking:
         content.append({"type": "thinking", "thinking": reply.thinking, "signature": THINKING_SIGNATURE})
@@ -195,7 +208,6 @@ def _message(message_id: str, model: str, reply: Reply, body: JSONObject) -> JSO
     for use in reply.tool_uses:
         content.append({"type": "tool_use", "id": use.id, "name": use.name, "input": use.input})
     stop = reply.stop_reason or ("tool_use" if reply.tool_uses else "end_turn")
-    prompt = len(orjson.dumps([body.get("system"), body.get("messages")])) // 4
     output = len((reply.text or "").split()) + sum(len(orjson.dumps(u.input)) // 4 for u in reply.tool_uses)
     return {
         "id": message_id,
@@ -206,10 +218,10 @@ def _message(message_id: str, model: str, reply: Reply, body: JSONObject) -> JSO
         "stop_reason": stop,
         "stop_sequence": None,
         "usage": {
-            "input_tokens": prompt,
+            "input_tokens": measured.uncached_tokens,
             "output_tokens": output,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": measured.cache_write_tokens,
+            "cache_read_input_tokens": measured.cached_tokens,
         },
     }
 
@@ -256,7 +268,7 @@ def _events(message: JSONObject, reply: Reply) -> list[bytes]:
         "type": "message_delta",
         "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
     }
-    events.append(_sse("message_delta", {**delta, "usage": {"output_tokens": usage["output_tokens"]}}))
+    events.append(_sse("message_delta", {**delta, "usage": usage}))  # Anthropic repeats the input counts
     events.append(_sse("message_stop", {"type": "message_stop"}))
     return events
 

@@ -2,7 +2,8 @@
 
 Scriptable (`enqueue(Reply(...))`), deterministic by default (it answers with a short echo of the last
 user message), and it records every request it received. Used by the tests, the benchmarks and
-`context-gateway demo` as the stand-in upstream.
+`context-gateway demo` as the stand-in upstream. Usage counts real tokens and reports the cached tokens of
+a simulated OpenAI prompt cache (`prompt_cache.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.fakes.memory_llm import is_memory_call, memory_answer
+from gateway.fakes.prompt_cache import CacheUsage, PromptCache
 from gateway.jobs.prompts import CHUNK_MARKER, CONDENSE_MARKER, MERGE_MARKER
 from gateway.ports import JSON, JSONObject
 
@@ -76,6 +78,9 @@ class FakeUpstream:
     # Summaries a person can read (the demo's): the user's questions, one line each; tests keep the
     # default, whose lists say exactly which messages were folded.
     readable_summaries: bool = False
+    # The provider's prompt cache, reported as usage's cached tokens; `simulate_cache = False` reports none.
+    prompt_cache: PromptCache = field(default_factory=PromptCache)
+    simulate_cache: bool = True
 
     def enqueue(self, *replies: Reply) -> None:
         with self._lock:
@@ -119,6 +124,17 @@ class FakeUpstream:
     def last(self) -> Received:
         with self._lock:
             return self.received[-1]
+
+    def measure(self, body: JSONObject, responses: bool = False) -> CacheUsage:
+        """The prompt's real token count and the part of it the provider's cache already holds."""
+        cache = self.prompt_cache
+        if not self.simulate_cache:
+            return CacheUsage(cache.count_responses(body) if responses else cache.count_chat(body), 0)
+        if responses:
+            return cache.openai_responses(body)
+        if summarisation_answer(body) is not None:
+            return cache.openai_chat(body, "summary")
+        return cache.openai_chat(body, "memory" if is_memory_call(body) else "chat")
 
     def chat_requests(self) -> list[Received]:
         """Chat completions from clients, without the gateway's own summarisation calls."""
@@ -191,7 +207,7 @@ class FakeUpstream:
         completion_id = f"chatcmpl-fake{next(self._ids)}"
         created = int(time.time())
         model = body.get("model") if isinstance(body.get("model"), str) else self.model
-        usage = _usage(body, reply)
+        usage = _usage(body, reply, self.measure(body))
         if body.get("stream") is True:
             options = body.get("stream_options")
             with_usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -273,6 +289,7 @@ class FakeUpstream:
                 }
             )
         words = len((reply.content or "").split())
+        measured = self.measure(body, responses=True)
         response: JSONObject = {
             "id": f"resp_fake{number}",
             "object": "response",
@@ -281,7 +298,8 @@ class FakeUpstream:
             "model": body.get("model") or self.model,
             "output": output,
             "usage": {
-                "input_tokens": len(orjson.dumps(body.get("input"))) // 4,
+                "input_tokens": measured.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": measured.cached_tokens},
                 "output_tokens": words + 1,
                 "total_tokens": 0,
             },
@@ -364,10 +382,19 @@ def _finish(reply: Reply) -> str:
     return reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
 
 
-def _usage(body: JSONObject, reply: Reply) -> JSONObject:
-    prompt = len(orjson.dumps(body.get("messages"))) // 4
+def _usage(body: JSONObject, reply: Reply, measured: CacheUsage | None = None) -> JSONObject:
+    """Chat usage; without `measured` the prompt is estimated as its JSON bytes / 4 (the fast fake's way)."""
     completion = len((reply.content or "").split()) + sum(len(c.arguments) // 4 for c in reply.tool_calls)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if measured is None:
+        prompt = len(orjson.dumps(body.get("messages"))) // 4
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    prompt = measured.prompt_tokens
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": measured.cached_tokens},
+    }
 
 
 def _stream_frames(cid: str, created: int, model: str, reply: Reply, usage: JSONObject | None) -> list[bytes]:
