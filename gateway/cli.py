@@ -17,8 +17,9 @@ import click
 from starlette.types import ASGIApp
 
 from gateway.collector import tune_for_serving
-from gateway.config import GatewayConfig, load_config, parse_config
+from gateway.config import GatewayConfig, PricingConfig, load_config, parse_config
 from gateway.errors import ConfigError
+from gateway.records import RequestRecord
 from gateway.telemetry.logs import configure as configure_logging
 
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
@@ -248,18 +249,56 @@ def show(config_path: str | None, tenant: str, conversation_id: str) -> None:
 @CONFIG_OPTION
 @TENANT_OPTION
 @click.option("--messages", is_flag=True, help="Also print every message sent, whole, in order.")
-@click.argument("request_id")
-def context(config_path: str | None, tenant: str, request_id: str, messages: bool) -> None:
-    """Show what a request sent upstream and why (its ContextReport)."""
-    from gateway import ops
-    from gateway.cli_views import context_lines, sent_lines
+@click.argument("request_or_conversation_id")
+def context(config_path: str | None, tenant: str, request_or_conversation_id: str, messages: bool) -> None:
+    """Show what a request sent upstream and why (its ContextReport) and what the provider's prompt cache
+    did (cached, written and uncached input tokens).
 
+    Given a conversation's id instead: each of its requests with those figures and its cost, then the
+    conversation's cache-hit share (cached input over all input) and its effective cost against full
+    replay, priced by the tenant's `pricing`. Full replay is an estimate: each request's input plus what
+    the gateway left out of the history, the share of it that the previous request's history covers
+    (its original tokens over this one's, at most 1) priced as cached.
+    """
+    from gateway import ops
+    from gateway.cli_views import context_lines, conversation_cost_lines, sent_lines
+
+    config = _config(config_path)
+    wanted = request_or_conversation_id
     try:
-        record, path = asyncio.run(ops.request_record(_config(config_path), tenant, request_id))
+        record, path = asyncio.run(ops.request_record(config, tenant, wanted))
     except LookupError as exc:
-        raise click.ClickException(str(exc)) from exc
+        records = asyncio.run(_conversation_requests(config, tenant, wanted))
+        if not records:
+            raise click.ClickException(f"{exc}; no conversation with requests either") from exc
+        from gateway.cache_cost import conversation_cost
+
+        pricing = next((t.pricing for t in config.tenants if t.name == tenant), PricingConfig())
+        _echo_all(conversation_cost_lines(wanted, conversation_cost(records, pricing)))
+        return
     _echo_all(context_lines(record))
     _echo_all(sent_lines(record, path, whole=messages))
+
+
+async def _conversation_requests(
+    config: GatewayConfig, tenant: str, conversation_id: str
+) -> list[RequestRecord]:
+    """Every request record of a conversation, oldest first."""
+    from gateway.adapters.sql.store import SqlStore
+
+    store = SqlStore.open(config.storage.database_url)
+    found: list[RequestRecord] = []
+    try:
+        while True:
+            page = await store.list_requests(
+                tenant, conversation_id=conversation_id, limit=500, offset=len(found)
+            )
+            found += page
+            if len(page) < 500:
+                break
+    finally:
+        await store.aclose()
+    return sorted(found, key=lambda r: r.created_at)
 
 
 @main.command()

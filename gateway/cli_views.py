@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from gateway.cache_cost import ConversationCost
+from gateway.cache_usage import CacheUsage, normalise
 from gateway.inbound.chat_form import calls_of, text_of
 from gateway.ports import JSON
 from gateway.records import Conversation, JobState, RequestRecord, StoredMessage
@@ -93,6 +95,51 @@ def context_lines(record: RequestRecord) -> Iterator[str]:
         yield f"cut: {cut['messages']} older messages ({cut.get('tokens')} tok) left out"
     if record.usage:
         yield f"usage: {record.usage.get('prompt_tokens')} prompt, {record.usage.get('completion_tokens')} completion"
+    reading = normalise(record.usage)
+    if reading is not None:
+        yield "cache: " + _cache_text(reading)
+
+
+def _cache_text(usage: CacheUsage) -> str:
+    share = f" ({100 * usage.hit_share:.0f}% cached)" if usage.hit_share is not None else ""
+    return (
+        f"{usage.cached_tokens} cached, {usage.cache_write_tokens} written, {usage.uncached_tokens} uncached "
+        f"of {usage.input_tokens} input tokens{share}"
+    )
+
+
+def conversation_cost_lines(conversation_id: str, cost: ConversationCost) -> Iterator[str]:
+    """A conversation's requests, oldest first, each with what the provider's cache did and its cost;
+    then the conversation's cache-hit share and effective cost against full replay."""
+    yield f"conversation {conversation_id}  {len(cost.turns)} requests  costs in {cost.unit}"
+    yield (
+        f"{'request':<32}  {'time':<19}  {'status':<8}  {'history':>7}  {'sent':>7}  {'input':>7}  "
+        f"{'cached':>7}  {'written':>7}  {'uncached':>8}  {'cost':>12}  {'replay':>12}"
+    )
+    for turn in cost.turns:
+        r, usage = turn.record, turn.usage
+        counts = (
+            (usage.input_tokens, usage.cached_tokens, usage.cache_write_tokens, usage.uncached_tokens)
+            if usage is not None
+            else ("-", "-", "-", "-")
+        )
+        money = [cost.text(v) if v is not None else "-" for v in (turn.cost, turn.replay_cost)]
+        yield (
+            f"{r.id:<32}  {r.created_at:%Y-%m-%d %H:%M:%S}  {r.status:<8}  {_or_dash(r.original_tokens):>7}  "
+            f"{_or_dash(r.sent_tokens):>7}  {counts[0]:>7}  {counts[1]:>7}  {counts[2]:>7}  {counts[3]:>8}  "
+            f"{money[0]:>12}  {money[1]:>12}"
+        )
+    share = cost.hit_share
+    if share is None:
+        yield "cache: no usage reported"
+        return
+    yield f"cache hits: {100 * share:.0f}% of {cost.input_tokens} input tokens read from the provider's cache"
+    ratio = f" ({100 * cost.ratio:.0f}% of it)" if cost.ratio is not None else ""
+    yield f"effective cost {cost.text(cost.cost)} against {cost.text(cost.replay_cost)} for full replay{ratio}"
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 _SENT_LABELS = {

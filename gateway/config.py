@@ -262,6 +262,28 @@ class LimitsConfig(_Frozen):
     max_body_bytes: int | None = Field(default=None, gt=0)
 
 
+class ModelPrice(_Frozen):
+    """A model's prices in USD per million tokens."""
+
+    # The model as requests name it; it also prices names that start with it (dated versions), unless a
+    # longer listed name matches.
+    model: str = Field(min_length=1)
+    input: float = Field(ge=0)
+    cached_input: float = Field(ge=0)
+    # None: the input price (OpenAI bills no writes; Anthropic bills 1.25 times the input price).
+    cache_write: float | None = Field(default=None, ge=0)
+    output: float = Field(default=0.0, ge=0)
+
+
+class PricingConfig(_Frozen):
+    """What the provider charges: for the effective cost the CLI and dashboard show against full replay."""
+
+    # Cached input's price as a share of uncached input's, for models with no price listed (costs are
+    # then in uncached input tokens, output not counted).
+    cached_share: float = Field(default=0.1, ge=0, le=1)
+    models: tuple[ModelPrice, ...] = ()
+
+
 class TenantConfig(_Frozen):
     name: str = Field(min_length=1)
     api_keys: tuple[str, ...] = ()
@@ -273,6 +295,7 @@ class TenantConfig(_Frozen):
     retrieval: RetrievalConfig = RetrievalConfig()
     memory: MemoryConfig = MemoryConfig()
     limits: LimitsConfig = LimitsConfig()
+    pricing: PricingConfig = PricingConfig()
 
     @model_validator(mode="after")
     def _keys_or_pass_through(self) -> TenantConfig:

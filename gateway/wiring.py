@@ -316,6 +316,7 @@ def build_pipeline(
             index=index is not None,
             extract_delay=delay,
             titles=delay is not None and tenant.memory.recent_conversations > 0,
+            counters=counters,
         )
     ]
     return ChatPipeline(counters, prepare, complete)

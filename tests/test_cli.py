@@ -16,8 +16,10 @@ from click.testing import CliRunner
 
 from gateway.cli import main
 from gateway.fakes.openai_upstream import Reply
+from gateway.fakes.server import BackgroundServer
 from gateway.wiring import index_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
+from tests.test_cache_usage import ANSWER, provider_app
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -103,6 +105,61 @@ def test_conversations_show_context_and_jobs_read_what_the_gateway_stored(
     assert missing.exit_code == 1 and "no conversation 'nope'" in missing.output
     other = runner.invoke(main, ["conversations", "--config", str(config), "--tenant", "globex"])
     assert conversation_id not in other.output  # another tenant sees none of it
+
+
+def test_context_shows_what_the_cache_did_per_request_and_the_conversations_cost_against_replay(
+    make_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    """A provider that reports 1,536 of every request's 2,000 input tokens cached, priced as gpt-5."""
+    price = {"model": "gpt-5", "input": 1.25, "cached_input": 0.125, "output": 10.0}
+    with BackgroundServer(provider_app()) as provider:
+        tenants = [
+            {
+                **tenant("acme", f"{provider.url}/v1", api_keys=[GATEWAY_KEY], retrieval={"enabled": False}),
+                "pricing": {"models": [price]},
+            }
+        ]
+        gateway = make_gateway(tenants)
+        client = gateway.client()
+        history: list[Any] = [{"role": "user", "content": "First question about the parcel PX-11."}]
+        first = client.chat.completions.with_raw_response.create(model="gpt-5", messages=history)
+        history += [{"role": "assistant", "content": ANSWER}, {"role": "user", "content": "And the second?"}]
+        second = client.chat.completions.with_raw_response.create(model="gpt-5", messages=history)
+        ids = [r.headers["x-gateway-request-id"] for r in (first, second)]
+        for request_id in ids:
+            recorded(gateway, request_id)
+    conversation_id = second.headers["x-conversation-id"]
+    assert first.headers["x-conversation-id"] == conversation_id
+    config = tmp_path / "cli.yaml"
+    config.write_text(json.dumps({"storage": gateway.config.storage.model_dump(), "tenants": tenants}))
+    base = ["context", "--config", str(config), "--tenant", "acme"]
+    runner = CliRunner()
+
+    one = runner.invoke(main, [*base, ids[1]])
+    assert one.exit_code == 0, one.output
+    assert "cache: 1536 cached, 0 written, 464 uncached of 2000 input tokens (77% cached)" in one.output
+
+    whole = runner.invoke(main, [*base, conversation_id])
+    assert whole.exit_code == 0, whole.output
+    lines = whole.output.splitlines()
+    assert lines[0].startswith(f"conversation {conversation_id}  2 requests  costs in USD")
+    rows = [line for line in lines if line.startswith(tuple(ids))]
+    assert [row.split()[0] for row in rows] == ids  # oldest first
+    assert all(row.split()[6:10] == ["2000", "1536", "0", "464"] for row in rows)
+    assert "cache hits: 77% of 4000 input tokens read from the provider's cache" in whole.output
+    # Full replay: the first request's history is what the second's starts with, priced as cached.
+    originals = [api(gateway, f"/requests/{i}")["original_tokens"] for i in ids]
+    share = originals[0] / originals[1]
+    cost = 2 * (464 * 1.25 + 1536 * 0.125 + 50 * 10) / 1e6
+    replay = (2000 * 1.25 + 500 + 2000 * (1 - share) * 1.25 + 2000 * share * 0.125 + 500) / 1e6
+    assert (
+        f"effective cost ${cost:,.4f} against ${replay:,.4f} for full replay ({100 * cost / replay:.0f}% of it)"
+        in whole.output
+    )
+
+    missing = runner.invoke(main, [*base, "nope"])
+    assert missing.exit_code == 1 and "no request 'nope'" in missing.output, missing.output
+    assert "no conversation with requests either" in missing.output
 
 
 def test_every_command_is_documented() -> None:

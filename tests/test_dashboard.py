@@ -15,7 +15,9 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from gateway.fakes.openai_upstream import Reply
+from gateway.fakes.server import BackgroundServer
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
+from tests.test_cache_usage import ANSWER, provider_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 OTHER_KEY = "sk-gw-globex"
@@ -140,6 +142,46 @@ def test_a_tenant_signs_in_walks_the_tree_and_reads_a_requests_context(
     assert page.text_content("#failed") == "0"
     assert page.locator(f"a[href='/dashboard/requests/{ids['request']}']").count() == 1
     page.screenshot(path=str(tmp_path / "overview-phone.png"), full_page=True)
+    context.close()
+
+
+def test_a_conversation_shows_its_cache_hits_and_cost_against_full_replay(
+    browser: Browser, make_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    """A provider that reports 1,536 of every request's 2,000 input tokens cached, priced as gpt-5."""
+    price = {"model": "gpt-5", "input": 1.25, "cached_input": 0.125, "output": 10.0}
+    with BackgroundServer(provider_app()) as provider:
+        acme = tenant("acme", f"{provider.url}/v1", api_keys=[GATEWAY_KEY], retrieval={"enabled": False})
+        gateway = make_gateway([{**acme, "pricing": {"models": [price]}}])
+        client = gateway.client()
+        history: list[Any] = [{"role": "user", "content": "Where is parcel PX-11?"}]
+        first = client.chat.completions.with_raw_response.create(model="gpt-5", messages=history)
+        history += [{"role": "assistant", "content": ANSWER}, {"role": "user", "content": "And PX-12?"}]
+        second = client.chat.completions.with_raw_response.create(model="gpt-5", messages=history)
+        ids = [r.headers["x-gateway-request-id"] for r in (first, second)]
+        for request_id in ids:
+            recorded(gateway, request_id)
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    sign_in(page, gateway, GATEWAY_KEY)
+    page.goto(f"{gateway.server.url}/dashboard/conversations/{second.headers['x-conversation-id']}")
+    page.screenshot(path=str(tmp_path / "conversation-cache.png"), full_page=True)
+
+    assert page.text_content("#cache-share") == "77%"  # 3,072 of 4,000 input tokens
+    originals = [api(gateway, f"/requests/{i}")["original_tokens"] for i in ids]
+    share = originals[0] / originals[1]  # full replay's second request: the first's history cached
+    cost = 2 * (464 * 1.25 + 1536 * 0.125 + 50 * 10) / 1e6
+    replay = (2000 * 1.25 + 500 + 2000 * (1 - share) * 1.25 + 2000 * share * 0.125 + 500) / 1e6
+    assert page.text_content("#cost") == f"${cost:,.4f}"
+    assert page.text_content("#replay-cost") == f"${replay:,.4f}"
+    assert page.text_content("#cost-ratio") == f"{round(100 * cost / replay)}%"
+    shown = page.locator("#requests li .cached").all()
+    assert [(s.get_attribute("data-cached"), s.get_attribute("data-input")) for s in shown] == [
+        ("1536", "2000"),
+        ("1536", "2000"),
+    ]
+    page.click(f"#requests a[href='/dashboard/requests/{ids[1]}']")
+    assert "1536 cached, 0 written, 464 uncached of 2000 input tokens" in (page.text_content("#cache") or "")
     context.close()
 
 

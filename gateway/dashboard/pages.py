@@ -21,6 +21,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from gateway.cache_cost import conversation_cost
+from gateway.cache_usage import normalise
 from gateway.config import hash_key
 from gateway.dashboard.bars import bar
 from gateway.dashboard.session import COOKIE, LIFETIME_SECONDS, Sessions
@@ -294,7 +296,11 @@ class Dashboard:
         messages = await deps.store.conversation_messages(tenant.name, conversation_id)
         leaf = request.query_params.get("leaf") or conversation.last_message_id
         leaves = [m for m in messages if not any(c.node.parent_id == m.node.id for c in messages)]
-        requests = await deps.store.list_requests(tenant.name, conversation_id=conversation_id, limit=PAGE)
+        # One more than shown: the oldest shown request's replay estimate needs the one before it.
+        found = await deps.store.list_requests(tenant.name, conversation_id=conversation_id, limit=PAGE + 1)
+        requests = found[:PAGE]
+        before = found[PAGE] if len(found) > PAGE else None
+        cost = conversation_cost(requests[::-1], tenant.config.pricing, before)
         return self.render(
             request,
             "conversation.html",
@@ -303,7 +309,9 @@ class Dashboard:
             tree=_tree(messages, leaf),
             leaves=[(m.node.id, _preview(m)) for m in sorted(leaves, key=lambda m: m.created_at)],
             leaf=leaf,
-            requests=requests,
+            requests=[(t.record, t.usage) for t in reversed(cost.turns)],
+            cost=cost,
+            capped=before is not None,
         )
 
     async def request_detail(self, request: Request, tenant: Tenant) -> Response:
@@ -323,6 +331,7 @@ class Dashboard:
             "request.html",
             tenant=tenant.name,
             record=record,
+            cache=normalise(record.usage),
             bar=bar(report) if report else None,
             sections=sections,
             sent=sent_messages(report, path, record.sent_context),

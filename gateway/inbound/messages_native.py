@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import orjson
 
+from gateway.cache_usage import normalise
 from gateway.inbound.chat_form import calls_of
 from gateway.inbound.event_relay import BeforeDone, EventRelay
 from gateway.inbound.messages_out import error_event, tool_input
@@ -135,25 +136,38 @@ def to_messages(chat: JSONObject, original: JSONObject) -> JSONObject:
 
 
 def _usage(usage: JSON) -> JSONObject | None:
-    """Anthropic's usage as chat usage: prompt tokens include cache reads and writes, as OpenAI counts."""
-    if not isinstance(usage, dict):
+    """Anthropic's usage as chat usage: prompt tokens include cache reads and writes, as OpenAI counts;
+    both are kept apart too, under Anthropic's names (as LiteLLM's chat usage has them), since chat usage
+    has no field for writes."""
+    reading = normalise(usage)
+    if reading is None:
         return None
-
-    def count(key: str) -> int:
-        value = usage.get(key)
-        return value if isinstance(value, int) else 0
-
-    cached = count("cache_read_input_tokens")
-    prompt = count("input_tokens") + cached + count("cache_creation_input_tokens")
-    completion = count("output_tokens")
     out: JSONObject = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
+        "prompt_tokens": reading.input_tokens,
+        "completion_tokens": reading.output_tokens,
+        "total_tokens": reading.input_tokens + reading.output_tokens,
     }
-    if cached:
-        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    if reading.cached_tokens:
+        out["prompt_tokens_details"] = {"cached_tokens": reading.cached_tokens}
+        out["cache_read_input_tokens"] = reading.cached_tokens
+    if reading.cache_write_tokens:
+        out["cache_creation_input_tokens"] = reading.cache_write_tokens
     return out
+
+
+# Input counts: message_start carries them; a later message_delta may repeat them, or say 0 or null.
+_INPUT_USAGE = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def _merged_usage(before: JSON, usage: JSONObject) -> JSONObject:
+    """message_delta's usage over message_start's, as the SDK merges them, but an input count the
+    delta leaves at 0 keeps the one message_start gave."""
+    merged: JSONObject = {**before} if isinstance(before, dict) else {}
+    for key, value in usage.items():
+        if value is None or (key in _INPUT_USAGE and value == 0 and merged.get(key)):
+            continue
+        merged[key] = value
+    return merged
 
 
 def choice_of(message: JSONObject) -> JSONObject:
@@ -239,10 +253,7 @@ class MessageAccumulator:
                 self.message.update({k: v for k, v in delta.items() if v is not None})
             usage = event.get("usage")
             if isinstance(usage, dict):
-                before = self.message.get("usage")
-                merged: JSONObject = {**before} if isinstance(before, dict) else {}
-                merged.update({k: v for k, v in usage.items() if v is not None})
-                self.message["usage"] = merged
+                self.message["usage"] = _merged_usage(self.message.get("usage"), usage)
         elif kind == "message_stop":
             self.stopped = True
         elif kind == "error":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import orjson
 
+from gateway.cache_usage import normalise
 from gateway.inbound.chat_form import calls_of, text_of
 from gateway.inbound.event_relay import BeforeDone, EventRelay
 from gateway.inbound.responses_in import input_messages
@@ -111,23 +112,17 @@ def to_responses(chat: JSONObject, original: JSONObject) -> JSONObject:
 
 
 def _usage(usage: JSON) -> JSONObject | None:
-    if not isinstance(usage, dict):
+    """Responses usage as chat usage: both count cache reads in the input, and say how many apart."""
+    reading = normalise(usage)
+    if reading is None:
         return None
-    prompt = usage.get("input_tokens") if isinstance(usage.get("input_tokens"), int) else 0
-    completion = usage.get("output_tokens") if isinstance(usage.get("output_tokens"), int) else 0
-    assert isinstance(prompt, int) and isinstance(completion, int)
     out: JSONObject = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
+        "prompt_tokens": reading.input_tokens,
+        "completion_tokens": reading.output_tokens,
+        "total_tokens": reading.input_tokens + reading.output_tokens,
     }
-    details = usage.get("input_tokens_details")
-    if (
-        isinstance(details, dict)
-        and isinstance(details.get("cached_tokens"), int)
-        and details["cached_tokens"]
-    ):
-        out["prompt_tokens_details"] = {"cached_tokens": details["cached_tokens"]}
+    if reading.cached_tokens:
+        out["prompt_tokens_details"] = {"cached_tokens": reading.cached_tokens}
     return out
 
 

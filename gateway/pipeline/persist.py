@@ -1,4 +1,5 @@
-"""Persist step: store the answer as a child of the request's newest message, and the request record.
+"""Persist step: store the answer as a child of the request's newest message, and the request record
+(with what the provider's prompt cache did, read from the usage and counted for /metrics).
 
 Runs after the last byte (or the disconnect, or the failure), so every request leaves a record with its
 status: complete, partial or failed.
@@ -11,6 +12,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import ClassVar
 
+from gateway.cache_usage import normalise, stored_usage
+from gateway.metrics import Counters
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.canonical import chain_hashes
 from gateway.pipeline.compaction import CompactionPolicy
@@ -41,6 +44,7 @@ class PersistStep:
     # Seconds before memory extraction reads the exchange's new user turns; None: memory is not learnt.
     extract_delay: float | None = None
     titles: bool = False  # queue title jobs (the memory section's digest of recent conversations)
+    counters: Counters | None = None  # where the upstream's input tokens are counted by cache kind
 
     async def __call__(self, call: ChatCall, outcome: ChatOutcome) -> None:
         state = call.state
@@ -100,6 +104,14 @@ class PersistStep:
             name = model if isinstance(model, str) else None
             title = title_job(call.tenant, answer.conversation_id or "", name, self.extract_delay or 0.0)
             answer = replace(answer, jobs=(*answer.jobs, title))
+        # What the provider's prompt cache did: kept with the usage, in the report, and counted.
+        reading = normalise(outcome.usage)
+        report = state.report
+        if reading is not None:
+            if report is not None:
+                report = {**report, "cache": reading.report()}
+            if self.counters is not None:
+                self.counters.count_input(call.tenant, reading)
         record = RequestRecord(
             id=call.request_id,
             tenant=call.tenant,
@@ -112,9 +124,9 @@ class PersistStep:
             http_status=outcome.http_status,
             original_tokens=state.original_tokens,
             sent_tokens=state.sent_tokens,
-            report=state.report,
+            report=report,
             sent_context=state.sent_context,
-            usage=outcome.usage,
+            usage=stored_usage(outcome.usage, reading),
             error=outcome.error,
             latency_ms=(time.perf_counter() - call.started) * 1000,
             created_at=datetime.now(UTC),

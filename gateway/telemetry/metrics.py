@@ -33,7 +33,8 @@ _EVENTS = {
 
 
 class _Snapshot(Collector):
-    """The process counters and the last queue counts, read at scrape time."""
+    """The process counters (upstream input tokens among them) and the last queue counts, read at
+    scrape time."""
 
     def __init__(self, counters: Counters) -> None:
         self._counters = counters
@@ -45,6 +46,15 @@ class _Snapshot(Collector):
             family = CounterMetricFamily(f"gateway_{name}", text)
             family.add_metric([], values.get(name, 0))
             yield family
+        tokens = CounterMetricFamily(
+            "gateway_upstream_input_tokens",
+            "Input tokens the upstream reported, by kind: read from its prompt cache (cached), written to "
+            "it (cache_write), neither (uncached).",
+            labels=["tenant", "kind"],
+        )
+        for (tenant, kind), count in sorted(self._counters.input_tokens.items()):
+            tokens.add_metric([tenant, kind], count)
+        yield tokens
         jobs = GaugeMetricFamily("gateway_jobs", "Background jobs by status (all kinds).", labels=["status"])
         for status, count in sorted(self.queue.items()):
             jobs.add_metric([status], count)
