@@ -129,6 +129,9 @@ class UpstreamConfig(_Frozen):
     # How /v1/responses reaches this upstream: converted to chat completions (every server speaks them),
     # or forwarded to its own /v1/responses (OpenAI, vLLM: built-in tools and reasoning items work).
     responses: Literal["chat", "native"] = "chat"
+    # OpenAI-compatible upstreams: send a `prompt_cache_key` per conversation (OpenAI routes a key's
+    # requests to the same cache); off for a server that refuses fields it does not know.
+    prompt_cache_key: bool = True
 
     @field_validator("base_url")
     @classmethod

@@ -101,6 +101,11 @@ _NEUTRAL_VALUES: Mapping[str, JSON] = {"n": 1, "logprobs": False, "top_logprobs"
 # OpenAI's `metadata` tags stored completions; litellm would take it as its own logging metadata.
 _ALWAYS_DROPPED = frozenset({"metadata"})
 
+# Providers whose litellm translation moves every system message, wherever it stands, into the one system
+# prompt before all messages.
+_HOISTS_SYSTEM = frozenset({"anthropic"})
+_SYSTEM_ROLES = ("system", "developer")
+
 _DONE = b"data: [DONE]\n\n"
 _MAX_CAUSE_DEPTH = 16
 _LITELLM_NOISE = re.compile(r"litellm\.\w+: |\.? Handle with `litellm\.\w+`\.?")
@@ -208,6 +213,8 @@ class LiteLLMUpstream:
         for key, value in data.items():
             if key == "model" or value is None:
                 continue  # null means "the default" in OpenAI's API
+            if key == "messages" and self._provider in _HOISTS_SYSTEM and isinstance(value, list):
+                value = system_in_place(value)
             if _left_out(key, value, supported):
                 dropped.append(key)
             else:
@@ -281,6 +288,56 @@ class LiteLLMUpstream:
         if isinstance(cause, self._litellm.APIConnectionError):
             return UpstreamUnreachable(f"upstream {self._where} failed: {_message(cause)}")
         return None
+
+
+def _text_parts(content: JSON) -> list[JSON]:
+    if isinstance(content, list):
+        return [p for p in content if isinstance(p, dict) and p.get("type") == "text" and p.get("text")]
+    return [{"type": "text", "text": content}] if isinstance(content, str) and content else []
+
+
+def system_in_place(messages: list[JSON]) -> list[JSON]:
+    """`messages` with each system message after the first other one (the gateway's volatile tail) as
+    text opening the next user message: litellm would hoist it into the system prompt, ahead of the
+    whole conversation, and change the prefix the provider caches on every turn."""
+    leading = next(
+        (i for i, m in enumerate(messages) if not (isinstance(m, dict) and m.get("role") in _SYSTEM_ROLES)),
+        len(messages),
+    )
+    if not any(isinstance(m, dict) and m.get("role") in _SYSTEM_ROLES for m in messages[leading:]):
+        return messages
+    out: list[JSON] = list(messages[:leading])
+    pending: list[JSON] = []
+    for message in messages[leading:]:
+        role = message.get("role") if isinstance(message, dict) else None
+        if isinstance(message, dict) and role in _SYSTEM_ROLES:
+            pending.extend(_text_parts(message.get("content")))
+            continue
+        if pending and isinstance(message, dict) and role == "user":
+            message, pending = _opened(message, pending), []
+        elif pending and role == "assistant":
+            out.append({"role": "user", "content": pending})  # no user words followed: a turn of its own
+            pending = []
+        out.append(message)
+    if pending:  # last of all: after tool results it ends their turn, else litellm hoists it anyway
+        last = out[-1] if out else None
+        after_user = isinstance(last, dict) and last.get("role") in ("user", "tool")
+        out.append({"role": "user" if after_user else "system", "content": pending})
+    return out
+
+
+def _opened(message: JSONObject, parts: list[JSON]) -> JSONObject:
+    """A user message with `parts` before its own content (a message-level mark moved onto its text)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [*parts, *content]}
+    own = _text_parts(content)
+    mark = message.get("cache_control")
+    if isinstance(mark, dict) and own:
+        own = [{"type": "text", "text": content, "cache_control": mark}]
+    opened = {k: v for k, v in message.items() if k != "cache_control"}
+    opened["content"] = [*parts, *own]
+    return opened
 
 
 def _left_out(key: str, value: JSON, supported: frozenset[str] | None) -> bool:

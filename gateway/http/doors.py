@@ -32,7 +32,15 @@ from gateway.inbound.responses_native import outcome_of as native_outcome
 from gateway.inbound.responses_out import ResponsesStream, Shell, response_from_chat
 from gateway.pipeline.body_memo import BodyMemo
 from gateway.pipeline.call import ChatCall, ChatOutcome
-from gateway.pipeline.forward import StreamRelay, StreamTranslator, buffered_outcome, with_stream_usage
+from gateway.pipeline.forward import (
+    StreamRelay,
+    StreamTranslator,
+    buffered_outcome,
+    prompt_cache_key,
+    with_cache_hints,
+    with_field,
+    with_stream_usage,
+)
 from gateway.pipeline.identify import PARENT_HEADER
 from gateway.pipeline.stream import parse_chunk
 from gateway.pipeline.validate import parse_chat_request, parse_json_object
@@ -132,7 +140,7 @@ class _ChatUpstream:
         if tenant.config.upstream.request_stream_usage:
             payload, strip = with_stream_usage(call, payload)
             self._strip_usage = strip and not self.translates  # a translator reads the usage chunk itself
-        payload = self.for_upstream(payload, tenant)
+        payload = with_cache_hints(call, self.for_upstream(payload, tenant), tenant.config.upstream)
         self._sent = payload.data
         return await tenant.upstream.chat_completions(payload, call.headers, key)
 
@@ -267,7 +275,7 @@ class NativeMessagesDoor(_AnthropicDoor):
         if payload.raw is not None:
             body = self._raw  # nothing rewritten: the client's own bytes
         else:
-            body = orjson.dumps(to_messages(payload.data, self.original))
+            body = orjson.dumps(to_messages(payload.data, self.original, call.state.cache_breaks))
         return await self._upstream.messages(body, call.headers, key)
 
     async def send_again(
@@ -425,6 +433,9 @@ class NativeResponsesDoor(ResponsesDoor):
             body = self._raw  # nothing rewritten: the client's own bytes
         else:
             body = orjson.dumps(to_responses(payload.data, self._original))
+        cache_key = prompt_cache_key(call, tenant.config.upstream, self._original)
+        if cache_key is not None:
+            body = with_field(body, "prompt_cache_key", cache_key)
         headers = [*call.headers, ("content-type", "application/json"), ("accept-encoding", "identity")]
         return await tenant.upstream.forward("POST", "/responses", "", headers, body, key)
 

@@ -11,6 +11,7 @@ Every check names the field the way Anthropic's own 400s do (`messages.2.content
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import orjson
@@ -302,6 +303,32 @@ def _output_config(config: JSON, body: JSONObject) -> None:
         body["reasoning_effort"] = _EFFORT[effort]
 
 
+# Claude Code before its JSON form: `user_<device>_account_<account uuid or nothing>_session_<uuid>`.
+_CLAUDE_CODE_USER = re.compile(
+    r"user_(?P<device>[0-9a-f]+)_account_(?P<account>[0-9a-f-]*)_session_[0-9a-f-]+"
+)
+
+
+def end_user(user_id: str) -> str | None:
+    """The gateway's user for Anthropic's `metadata.user_id`. Claude Code sends its account, device and
+    session there (a JSON object, or one string in older versions): the user is the account, else the
+    device, never the session (each run of the CLI has a new one); None when only a session is named.
+    Any other id is the user as sent."""
+    if user_id.startswith("{"):
+        try:
+            parsed = orjson.loads(user_id)
+        except orjson.JSONDecodeError:
+            return user_id
+        if not isinstance(parsed, dict) or not parsed.keys() & {"device_id", "account_uuid", "session_id"}:
+            return user_id
+        parts = {k: v for k, v in parsed.items() if isinstance(v, str)}
+    elif (match := _CLAUDE_CODE_USER.fullmatch(user_id)) is not None:
+        parts = {"account_uuid": match["account"], "device_id": match["device"]}
+    else:
+        return user_id
+    return parts.get("account_uuid") or parts.get("device_id") or None
+
+
 def to_chat(body: JSONObject, *, count_only: bool = False) -> Converted:
     """The chat-completion body for an Anthropic Messages request; `InvalidRequest` names a bad field.
     `count_only`: a `count_tokens` body, which has no `max_tokens`."""
@@ -353,8 +380,11 @@ def to_chat(body: JSONObject, *, count_only: bool = False) -> Converted:
         if stop:
             out["stop"] = stop
     metadata = body.get("metadata")
-    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str) and metadata["user_id"]:
-        out["user"] = metadata["user_id"]  # Anthropic's end-user id is the gateway's user: memory follows
+    sent_user = metadata.get("user_id") if isinstance(metadata, dict) else None
+    if isinstance(sent_user, str) and sent_user:
+        user = end_user(sent_user)
+        if user is not None:
+            out["user"] = user  # Anthropic's end-user id is the gateway's user: memory follows
     left_out: list[str] = []
     if body.get("tools") is not None:
         tools, left_out = _tools(body["tools"])

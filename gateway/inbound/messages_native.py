@@ -2,13 +2,17 @@
 
 Going out, a request the pipeline left unchanged is sent as the client's own bytes; a rebuilt one is
 written back in Anthropic's form by `to_messages`: the client's fields as they came (tools, thinking,
-cache_control on the blocks the gateway did not touch), the chat system messages in `system` (the
-client's own first, the injected context after), tool results back in user turns, thinking blocks
-restored with their signatures. Coming back, the answer reaches the client as Anthropic sent it, while
-`NativeRelay` (streams) and `outcome_of` (JSON) read it into the chat outcome the store keeps.
+cache_control on the blocks the gateway did not touch), the leading chat system messages in `system`
+(the client's own first, the gateway's stable block after), the volatile tail as text opening the
+current user turn, tool results back in user turns, thinking blocks restored with their signatures,
+and the gateway's cache breakpoints beside the client's. Coming back, the answer reaches the client as
+Anthropic sent it, while `NativeRelay` (streams) and `outcome_of` (JSON) read it into the chat outcome
+the store keeps.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import orjson
 
@@ -17,6 +21,7 @@ from gateway.inbound.chat_form import calls_of
 from gateway.inbound.event_relay import BeforeDone, EventRelay
 from gateway.inbound.messages_out import error_event, tool_input
 from gateway.pipeline.call import ChatOutcome, OutcomeStatus
+from gateway.pipeline.forward import cache_marks, markable
 from gateway.pipeline.stream import parse_chunk
 from gateway.ports import JSON, JSONObject, UpstreamResponse
 
@@ -94,18 +99,34 @@ def _tool_result(message: JSONObject) -> JSON:
     return result
 
 
-def to_messages(chat: JSONObject, original: JSONObject) -> JSONObject:
+def to_messages(chat: JSONObject, original: JSONObject, cache_breaks: Sequence[int] = ()) -> JSONObject:
     """The Anthropic request for a rebuilt chat body; fields the pipeline does not rewrite come from the
-    client's `original` request unchanged."""
+    client's `original` request unchanged.
+
+    The leading system messages (the client's, then the gateway's stable block) go to `system`; a later
+    one (the gateway's volatile tail) becomes text at the start of the next user turn, after its tool
+    results, since Anthropic has no system role mid-conversation and `system` comes before every message
+    (the cached prefix would change each turn). `cache_breaks` (indices into the chat messages) get the
+    gateway's own breakpoints on their last block, within the limit of four with the client's.
+    """
     system: list[JSON] = []
     turns: list[JSONObject] = []
+    ends: dict[int, JSONObject] = {}  # chat message index -> the last block it became (a breakpoint's spot)
+    pending: list[JSON] = []  # a later system message's blocks, waiting for the next user turn
     messages = chat.get("messages")
-    for message in messages if isinstance(messages, list) else []:
+    messages = messages if isinstance(messages, list) else []
+    leading = next(
+        (i for i, m in enumerate(messages) if not (isinstance(m, dict) and m.get("role") in _SYSTEM)),
+        len(messages),
+    )
+    for index, message in enumerate(messages):
         if not isinstance(message, dict):
             continue
         role = message.get("role")
-        if role in ("system", "developer"):
-            system.extend(_blocks(message.get("content")))
+        if role in _SYSTEM:
+            blocks = _blocks(message.get("content"))
+            (system if index < leading else pending).extend(blocks)
+            _note_end(ends, index, blocks)
             continue
         if role == "tool":
             anthropic_role, blocks = "user", [_tool_result(message)]
@@ -113,23 +134,81 @@ def to_messages(chat: JSONObject, original: JSONObject) -> JSONObject:
             anthropic_role, blocks = "assistant", _assistant(message)
         else:
             anthropic_role, blocks = "user", _blocks(message.get("content"))
-        if turns and turns[-1]["role"] == anthropic_role:  # tool results and the user's words: one turn
-            previous = turns[-1]["content"]
-            assert isinstance(previous, list)
-            previous.extend(blocks)
-        else:
-            turns.append({"role": anthropic_role, "content": blocks})
+        _note_end(ends, index, blocks)
+        if pending and role not in ("tool", "assistant"):
+            blocks, pending = [*pending, *blocks], []  # before the user's words, after any tool results
+        elif pending and role == "assistant":
+            _add_turn(turns, "user", pending)  # no user words followed: the text ends the user turn
+            pending = []
+        _add_turn(turns, anthropic_role, blocks)
+    if pending and turns and turns[-1]["role"] == "user":
+        _add_turn(turns, "user", pending)
+    elif pending:
+        system.extend(pending)  # nothing after it takes text: where Anthropic can read it at all
+    body: JSONObject = {k: v for k, v in original.items() if k not in ("system", "messages")}
+    body["messages"] = list(turns)
+    if system:
+        body["system"] = system
+    _add_breakpoints(body, [ends[i] for i in sorted(set(cache_breaks), reverse=True) if i in ends])
     for turn in turns:  # a single plain text block reads as a string, as clients send it
         content = turn["content"]
         if isinstance(content, list) and len(content) == 1:
             only = content[0]
             if isinstance(only, dict) and only.keys() == {"type", "text"}:
                 turn["content"] = only["text"]
-    body: JSONObject = {k: v for k, v in original.items() if k not in ("system", "messages")}
-    body["messages"] = list(turns)
-    if system:
-        body["system"] = system
     return body
+
+
+_SYSTEM = ("system", "developer")
+
+
+def _note_end(ends: dict[int, JSONObject], index: int, blocks: list[JSON]) -> None:
+    spot = next((b for b in reversed(blocks) if markable(b)), None)
+    if isinstance(spot, dict):
+        ends[index] = spot
+
+
+def _add_turn(turns: list[JSONObject], role: str, blocks: list[JSON]) -> None:
+    if turns and turns[-1]["role"] == role:  # tool results and the user's words: one turn
+        previous = turns[-1]["content"]
+        assert isinstance(previous, list)
+        previous.extend(blocks)
+    else:
+        turns.append({"role": role, "content": list(blocks)})
+
+
+def _in_order(body: JSONObject) -> list[JSONObject]:
+    """The blocks of an Anthropic request that may carry a cache_control, in the order Anthropic reads
+    them (tools, system, messages)."""
+    out: list[JSONObject] = []
+    for key in ("tools", "system"):
+        value = body.get(key)
+        if isinstance(value, list):
+            out.extend(b for b in value if isinstance(b, dict))
+    messages = body.get("messages")
+    for turn in messages if isinstance(messages, list) else []:
+        content = turn.get("content") if isinstance(turn, dict) else None
+        for block in content if isinstance(content, list) else []:
+            if not isinstance(block, dict):
+                continue
+            out.append(block)
+            inner = block.get("content") if block.get("type") == "tool_result" else None
+            if isinstance(inner, list):
+                out.extend(b for b in inner if isinstance(b, dict))
+    return out
+
+
+def _add_breakpoints(body: JSONObject, spots: list[JSONObject]) -> None:
+    """Mark `spots` (blocks this module made, the most wanted first) as the gateway's breakpoints."""
+    if not spots:
+        return
+    order = _in_order(body)
+    position = {id(block): n for n, block in enumerate(order)}
+    client = [
+        (n, b["cache_control"]) for n, b in enumerate(order) if isinstance(b.get("cache_control"), dict)
+    ]
+    for spot, mark in cache_marks(client, [position[id(s)] for s in spots if id(s) in position]).items():
+        order[spot]["cache_control"] = mark
 
 
 # ------------------------------------------------------------------------------------ Anthropic -> chat

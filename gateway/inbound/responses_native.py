@@ -100,9 +100,11 @@ def to_responses(chat: JSONObject, original: JSONObject) -> JSONObject:
     instructions = original.get("instructions")
     items: list[JSON] = []
     messages = chat.get("messages")
-    for message in messages if isinstance(messages, list) else []:
+    for index, message in enumerate(messages if isinstance(messages, list) else []):
         if isinstance(message, dict):
-            items.extend(_items(message, instructions))
+            # Only the first message can be the instructions; a later system message (the gateway's
+            # volatile tail) stays an input item where it stands, so the items before it stay cached.
+            items.extend(_items(message, instructions if index == 0 else None))
     body: JSONObject = {k: v for k, v in original.items() if k not in ("input", "previous_response_id")}
     body["input"] = items
     return body
