@@ -294,6 +294,21 @@ class SummaryStore(Protocol):
         ...
 
 
+class EpochStore(Protocol):
+    """A conversation's prompt epochs, each keyed by the stored message its window starts at (valid for
+    every branch through it), with what its stable block was pinned to (design.md section 14)."""
+
+    async def epochs(self, tenant: str, conversation_id: str) -> list[tuple[str, JSONObject]]:
+        """(start node, pins) of every epoch of a conversation, the deepest start first."""
+        ...
+
+    async def pin_epoch(
+        self, tenant: str, conversation_id: str, node_id: str, depth: int, pins: JSONObject
+    ) -> None:
+        """Store an epoch; one already stored at that node wins (replicas racing agree on the first)."""
+        ...
+
+
 TraceValue: TypeAlias = "str | int | float | bool | None"  # None: the attribute is left out
 
 

@@ -60,15 +60,21 @@ def sent_messages(
             )
         else:
             rows.append({"kind": "missing", "role": "?", "tokens": None, "text": ""})
-    at = layout.get("context_at")
-    if isinstance(at, int):
-        block: dict[str, object]
-        if context is not None:
-            block = {"kind": "context", "role": "system", "tokens": None, "text": shown_text(context)}
-        else:
-            block = {"kind": "forgotten", "role": "system", "tokens": None, "text": ""}
-        rows.insert(min(at, len(rows)), block)
+    # Each block's place counts the blocks before it: the stable block goes in first.
+    tail = context.get("tail") if context is not None else None
+    for key, message in (("context_at", context), ("tail_at", tail)):
+        at = layout.get(key)
+        if isinstance(at, int):
+            rows.insert(min(at, len(rows)), _block(message))
     return rows
+
+
+def _block(message: JSON) -> dict[str, object]:
+    """An injected block as kept with the record, or its place once forgotten (a memory it held was
+    deleted)."""
+    if isinstance(message, dict) and "content" in message:
+        return {"kind": "context", "role": "system", "tokens": None, "text": shown_text(message)}
+    return {"kind": "forgotten", "role": "system", "tokens": None, "text": ""}
 
 
 def retrieved_groups(report: JSONObject, path: list[StoredMessage]) -> list[dict[str, object]]:

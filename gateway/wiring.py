@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 
 import anyio
 
@@ -33,7 +34,7 @@ from gateway.pipeline.compaction import CompactionPolicy
 from gateway.pipeline.context.builder import ContextBuilder
 from gateway.pipeline.context.prefetch import QuestionPrefetch
 from gateway.pipeline.context.retrieval import RetrievalSection
-from gateway.pipeline.context.section import Section
+from gateway.pipeline.context.section import Section, StableSection
 from gateway.pipeline.context.summary import SummarySection
 from gateway.pipeline.history_memo import HistoryMemo
 from gateway.pipeline.identify import explicit_identity
@@ -42,6 +43,7 @@ from gateway.pipeline.persist import PersistStep
 from gateway.pipeline.steps import ChatPipeline, CompleteStep, PrepareStep
 from gateway.ports import (
     Embedder,
+    EpochStore,
     JobQueue,
     JSONObject,
     MessageStore,
@@ -262,6 +264,7 @@ def build_pipeline(
     memory: tuple[MemoryStore, MemoryTarget] | None = None,
     history_memo: HistoryMemo | None = None,
     unanswered_index_seconds: float = 300.0,
+    epochs: EpochStore | None = None,
 ) -> ChatPipeline:
     if not tenant.store_conversations:
         return ChatPipeline(counters)  # a pure proxy: nothing stored, nothing rewritten
@@ -293,18 +296,22 @@ def build_pipeline(
     if context.enabled:
         # Priority order: the summary, then retrieved history (which asks for more room when the
         # question is about the past); the recent window is built in.
-        sections: list[Section] = [SummarySection(summaries, tenant.compaction.summary_tokens)]
+        # The stable block (pinned per epoch), then the volatile tail before the question (design.md
+        # section 14), each in priority order; the window is built in.
+        stable: list[StableSection] = [SummarySection(summaries, tenant.compaction.summary_tokens)]
+        tail: list[Section] = []
         if index is not None:
-            sections.append(
-                RetrievalSection(index.index, index.embedder, store, tenant.retrieval, clock, jobs)
-            )
-        always: list[Section] = []
+            tail.append(RetrievalSection(index.index, index.embedder, store, tenant.retrieval, clock, jobs))
+        always: frozenset[str] = frozenset()
         if memory is not None:
-            always.append(
-                MemorySection(memory[0], memory[1].vectors, memory[1].embedder, tenant.memory, store)
+            memory_section = partial(
+                MemorySection, memory[0], memory[1].vectors, memory[1].embedder, tenant.memory, store
             )
-            sections.append(always[-1])  # the lowest priority when cutting (design.md §4)
-        prepare.append(ContextBuilder(context, tokenizers, catalog, sections, always))
+            parts = [memory_section("standing", "memory"), memory_section("relevant", "memory_relevant")]
+            stable.append(parts[0])
+            tail.append(parts[1])  # the lowest priority when cutting (design.md §4)
+            always = frozenset(p.name for p in parts)
+        prepare.append(ContextBuilder(context, tokenizers, catalog, stable, tail, epochs, always))
     if compacts(tenant):
         policy = CompactionPolicy.for_tenant(context, tenant.compaction)
     delay = tenant.memory.extract_delay_seconds if memory is not None and learns(tenant) else None
@@ -482,6 +489,7 @@ def build_deps(
                 (memories, memory[t.name]) if t.name in memory else None,
                 HistoryMemo(memo_size) if memo_size else None,
                 config.jobs.unanswered_index_seconds,
+                summaries,
             ),
             build_messages_upstream(t),
             rate_limiter(t),

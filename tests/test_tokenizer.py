@@ -116,7 +116,7 @@ def test_retrieved_section_counted_from_its_lines_equals_the_whole_count(name: s
 def test_joined_texts_counted_from_their_own_counts_equal_the_whole_count(name: str) -> None:
     """`count_concat` (the injected block is counted from its sections' counts): only the text around each
     join is counted again, and the sum is the whole text's count, however the parts meet."""
-    from gateway.pipeline.context.builder import ContextBuilder
+    from gateway.pipeline.context.block import TAIL_HEADER, block_tokens, injected_block
     from gateway.pipeline.context.section import Proposal
 
     encoding = load_encoding(name)
@@ -127,10 +127,12 @@ def test_joined_texts_counted_from_their_own_counts_equal_the_whole_count(name: 
         parts = [(t, None if rng.random() < 0.2 else len(encoding.encode_ordinary(t))) for t in texts]
         whole = "".join(texts)
         assert tokenizer.count_concat(parts) == len(encoding.encode_ordinary(whole)), texts
-        injected = [
-            (f"s{i}", Proposal(tokens=len(encoding.encode_ordinary(t)), text=t)) for i, t in enumerate(texts)
-        ]
-        block, tokens = ContextBuilder._block(injected, {}, tokenizer, 1_000_000)
-        assert block is not None and tokens == tokenizer.count_message(block) == len(
-            encoding.encode_ordinary(str(block["content"]))
-        ) + tokenizer.count_message({"role": "system", "content": ""})
+        proposals = [Proposal(tokens=len(encoding.encode_ordinary(t)), text=t) for t in texts]
+        for header in ("", TAIL_HEADER):
+            block = injected_block(texts, header) if header else injected_block(texts)
+            tokens = (
+                block_tokens(proposals, tokenizer, header) if header else block_tokens(proposals, tokenizer)
+            )
+            assert block is not None and tokens == tokenizer.count_message(block) == len(
+                encoding.encode_ordinary(str(block["content"]))
+            ) + tokenizer.count_message({"role": "system", "content": ""})

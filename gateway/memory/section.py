@@ -6,6 +6,11 @@ question), then the memories relevant to the question, found by meaning and by e
 reciprocal rank with a little weight for recency. Only active memories of the call's user and scopes
 (their own and, inside a project, that project's) are read; a memory no search ranks closely enough is
 left out, so an unrelated question gets only the standing part, or nothing.
+
+In the cache-stable layout (design.md section 14) the two parts go to different places: the standing
+part (`part="standing"`) into the stable block, pinned for an epoch by the ids it showed (`restore`
+shows them again, less any deleted since), and the relevant part (`part="relevant"`) into the volatile
+tail before the question. `part="all"` proposes both in one text.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from gateway.config import MemoryConfig
 from gateway.errors import EmbeddingError, StoreError
@@ -68,6 +73,7 @@ class MemorySection:
     embedder: Embedder | None  # None: keyword search only
     config: MemoryConfig
     conversations: MessageStore | None = None  # for the recent-conversations digest
+    part: Literal["all", "standing", "relevant"] = "all"
     name: str = "memory"
     whole: bool = False
 
@@ -81,8 +87,14 @@ class MemorySection:
         return RELEVANT.get(model, DEFAULT_RELEVANT)
 
     async def plan(self, build: BuildInput) -> int:
-        found = await self._find(build)  # the builder reports the section's time ("ms")
-        build.memo[self.name] = found
+        found = build.memo.get(MEMO)  # both parts of one build share one search
+        if not isinstance(found, _Found):
+            found = await self._find(build)  # the builder reports the section's time ("ms")
+            build.memo[MEMO] = found
+        if self.part == "relevant":
+            return self.allowance if found.relevant else 0
+        if self.part == "standing":
+            return self.allowance if found.standing or found.profile or found.recent else 0
         return self.allowance if found.standing or found.relevant or found.profile or found.recent else 0
 
     async def _find(self, build: BuildInput) -> _Found:
@@ -191,13 +203,17 @@ class MemorySection:
             return None  # keyword search still works
 
     async def propose(self, build: BuildInput, allowance: int) -> Proposal:
-        found = build.memo.get(self.name)
+        found = build.memo.get(MEMO)
         if not isinstance(found, _Found):
             found = await self._find(build)
+            build.memo[MEMO] = found
+        if self.part != "all":
+            found = _part(found, self.part, build.memo.get(PINNED))
         detail: JSONObject = dict(found.detail)
         count = build.tokenizer.count
-        used = count(HEADER) + 1  # every line is counted with its line break
-        lines = [HEADER]
+        header = RELEVANT_HEADER if self.part == "relevant" else HEADER
+        used = count(header) + 1  # every line is counted with its line break
+        lines = [header]
         profile_used = False
         if found.profile is not None and found.profile.shown:
             block = f"About this user (their profile):\n{found.profile.shown}"
@@ -244,7 +260,59 @@ class MemorySection:
         if not standing and not chosen and not profile_used and not digest:
             return Proposal(detail=detail)
         text = "\n".join(lines)
-        return Proposal(tokens=count(text), text=text, detail=detail)
+        pin: JSONObject = {"memory_ids": [m.id for m in standing], "profile": profile_used}
+        if digest:
+            pin["digest"] = "\n".join(lines[len(lines) - len(digest) - 1 :])
+        return Proposal(tokens=count(text), text=text, detail=detail, pin=pin)
+
+    async def restore(self, build: BuildInput, pin: JSONObject) -> Proposal:
+        """The standing part as an epoch pinned it: the same memories (less any deleted or superseded
+        since: delete means gone), the profile if it was shown, the same digest."""
+        listed = pin.get("memory_ids")
+        ids = [i for i in listed if isinstance(i, str)] if isinstance(listed, list) else []
+        scope = build.call.state.memory
+        if scope is None:
+            return Proposal(detail={"skipped": "no memory for this call"})
+        rows = {m.id: m for m in await self.memories.many(build.call.tenant, ids)} if ids else {}
+        kept = [
+            rows[i]
+            for i in ids
+            if i in rows and rows[i].status == ACTIVE and rows[i].user_id == scope.user_id
+        ]
+        build.memo[PINNED] = {m.id for m in kept}
+        lines = [HEADER]
+        if pin.get("profile") and self.config.profile:
+            found = await self.memories.profile(build.call.tenant, scope.user_id)
+            if found is not None and found.shown:
+                lines.append(f"About this user (their profile):\n{found.shown}")
+        if kept:
+            lines += ["Standing preferences and facts:", *(_line(m) for m in kept)]
+        digest = pin.get("digest")
+        if isinstance(digest, str) and digest:
+            lines.append(digest)
+        detail: JSONObject = {
+            "pinned": True,
+            "memory_ids": [m.id for m in kept],
+            "standing": [m.id for m in kept],
+        }
+        if len(lines) == 1:
+            return Proposal(detail=detail, pin=pin)
+        text = "\n".join(lines)
+        return Proposal(tokens=build.tokenizer.count(text), text=text, detail=detail, pin=pin)
+
+
+MEMO = "memory"  # where a build keeps the one search both parts share
+PINNED = "memory.pinned"  # ids the stable block shows: the relevant part does not repeat them
+RELEVANT_HEADER = "## What the gateway remembers about this user that bears on this question"
+
+
+def _part(found: _Found, part: str, pinned: object) -> _Found:
+    """What one part of the section proposes from the build's one search."""
+    if part == "standing":
+        return _Found(found.standing, found.profile, [], found.detail, found.recent)
+    shown = pinned if isinstance(pinned, set) else {m.id for m in found.standing}
+    relevant = [r for r in found.relevant if r.memory.id not in shown]
+    return _Found([], None, relevant, found.detail, [])
 
 
 def _digest(

@@ -1,5 +1,6 @@
-"""SummaryStore over the SQL store's engine: summaries keyed by node, and the per-conversation compaction
-cursor with an optimistic version check."""
+"""SummaryStore over the SQL store's engine: summaries keyed by node, the per-conversation compaction
+cursor with an optimistic version check, and the prompt epochs (rows of level "epoch": keyed by a node
+as summaries are, their content the epoch's pins)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import anyio
+import orjson
 from sqlalchemy import Engine, bindparam, insert, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -20,6 +22,7 @@ from sqlmodel import SQLModel
 
 from gateway.adapters.sql.tables import CompactionCursorRow, SummaryRow, utcnow
 from gateway.errors import StoreError
+from gateway.ports import JSONObject
 from gateway.records import NewSummary, Summary
 
 T = TypeVar("T")
@@ -50,6 +53,8 @@ _MOVE_CURSOR = (
     )
 )
 
+EPOCH = "epoch"  # the summaries table's level for prompt epochs
+
 
 class SqlSummaryStore:
     def __init__(self, engine: Engine, *, threads: int = 4) -> None:
@@ -60,6 +65,7 @@ class SqlSummaryStore:
         self._create_cursor = dialect_insert(_CURSORS).on_conflict_do_nothing(
             index_elements=["tenant", "conversation_id"]
         )
+        self._pin = dialect_insert(_SUMMARIES).on_conflict_do_nothing(index_elements=["node_id", "level"])
 
     async def _run(self, fn: Callable[[], T]) -> T:
         try:
@@ -112,6 +118,39 @@ class SqlSummaryStore:
                 [{"id": uuid.uuid4().hex, **asdict(row), "created_at": now} for row in rows],
             )
             return True
+
+    async def epochs(self, tenant: str, conversation_id: str) -> list[tuple[str, JSONObject]]:
+        rows = await self.summaries(tenant, conversation_id, EPOCH)
+        out: list[tuple[str, JSONObject]] = []
+        for row in rows:
+            pins = orjson.loads(row.content)
+            out.append((row.node_id, pins if isinstance(pins, dict) else {}))
+        return out
+
+    async def pin_epoch(
+        self, tenant: str, conversation_id: str, node_id: str, depth: int, pins: JSONObject
+    ) -> None:
+        row = {
+            "id": uuid.uuid4().hex,
+            "tenant": tenant,
+            "conversation_id": conversation_id,
+            "node_id": node_id,
+            "from_node_id": None,
+            "level": EPOCH,
+            "depth": depth,
+            "path_tokens": 0,
+            "content": orjson.dumps(pins).decode(),
+            "token_count": 0,
+            "source_tokens": 0,
+            "model": None,
+            "created_at": utcnow(),
+        }
+
+        def run() -> None:
+            with self.engine.begin() as connection:
+                connection.execute(self._pin, row)
+
+        await self._run(run)
 
 
 def _summary(row: Mapping[str, Any]) -> Summary:

@@ -1,32 +1,60 @@
-"""Build step: assemble system + injected sections + recent window + current question under one budget.
+"""Build step: the cache-stable prompt (design.md section 14) under one budget.
 
-If the whole history fits, the request goes out unchanged (the exact client bytes). Otherwise sections
-propose content within allowances scaled to the budget: the recent window keeps at least its own
-allowance, the other sections get theirs in priority order, and whatever they leave flows to the window.
-Whole exchanges are kept or cut, never text. Every build leaves a ContextReport on the call.
+    client system prompt(s)   verbatim
+    stable block              summary + standing memory, pinned for the epoch
+    window                    stored messages verbatim from the epoch's first message; each turn appends
+    volatile tail             retrieved old groups + memories relevant to this question, when needed
+    current exchange          the question (and an unfinished tool loop) verbatim
+
+A history that fits goes out as sent (its epoch starts at its first message); one that outgrows the
+budget starts a new epoch: the window jumps forward in one large step and the stable block is built once,
+then shown again from its pins until the next jump. The newest `min_recent_exchanges` exchanges and the
+current tool loop are kept whatever the budget, while the model's context window holds them. Whole
+exchanges are kept or cut, never text. Every build leaves a ContextReport on the call.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import orjson
 
 from gateway.config import ContextConfig
 from gateway.pipeline.call import ChatCall, HistoryItem
+from gateway.pipeline.context.block import (
+    INJECTED_HEADER,
+    TAIL_HEADER,
+    block_tokens,
+    framing_tokens,
+    injected_block,
+)
 from gateway.pipeline.context.budget import Budget, compute_budget
+from gateway.pipeline.context.epoch import EPOCH_FILL, current_epoch, new_start
 from gateway.pipeline.context.exchanges import split_current, trim_current
-from gateway.pipeline.context.section import BuildInput, Proposal, Section
-from gateway.pipeline.context.window import RecentWindow, newest_exchanges_tokens
-from gateway.ports import JSON, ChatPayload, JSONObject, ModelCatalog, Tokenizer, Tokenizers
+from gateway.pipeline.context.section import BuildInput, Proposal, Section, StableSection
+from gateway.pipeline.context.window import newest_exchanges_tokens
+from gateway.ports import JSON, ChatPayload, EpochStore, JSONObject, ModelCatalog, Tokenizers
 from gateway.tracing import spanned
 
 REPLY_PRIMING_TOKENS = 3
-WINDOW_FLOOR = 0.25
-INJECTED_HEADER = "The gateway added the following context from earlier in this conversation and from memory."
+
+
+@dataclass(slots=True)
+class _Zone:
+    """One injected block's sections as proposed (or restored), with their report entries."""
+
+    proposals: list[tuple[str, Proposal]] = field(default_factory=list)
+    reported: dict[str, JSONObject] = field(default_factory=dict)
+    tokens: int = 0
+    # Per section, what shows it again for the rest of an epoch (why it showed nothing, if so).
+    pins: dict[str, JSONObject] = field(default_factory=dict)
+
+    @property
+    def texts(self) -> list[str]:
+        return [p.text or "" for _, p in self.proposals]
 
 
 @dataclass(slots=True)
@@ -36,11 +64,14 @@ class ContextBuilder:
     config: ContextConfig
     tokenizers: Tokenizers
     catalog: ModelCatalog
-    # Injected sections in priority order (summary, retrieved history, memory); the window is built in.
-    sections: Sequence[Section] = ()
-    # Of those, the ones a history that fits the budget gets too (memory: a new or short conversation
+    # The stable block's sections in priority order (summary, standing memory): pinned per epoch.
+    stable: Sequence[StableSection] = ()
+    # The volatile tail's sections in priority order (retrieved history, relevant memory).
+    tail: Sequence[Section] = ()
+    epochs: EpochStore | None = None
+    # Sections a history that fits the budget gets too, by name (memory: a new or short conversation
     # still gets what the gateway knows of the user; its own messages go out as sent).
-    always: Sequence[Section] = ()
+    always: frozenset[str] = frozenset()
 
     async def __call__(self, call: ChatCall, payload: ChatPayload) -> ChatPayload:
         state = call.state
@@ -54,89 +85,115 @@ class ContextBuilder:
         fixed_extra = REPLY_PRIMING_TOKENS + (tokenizer.count(orjson.dumps(tools).decode()) if tools else 0)
         original = state.history_tokens + fixed_extra
         state.original_tokens = original
-        if original <= budget.input_tokens:
-            added = await self._added(call, tokenizer, budget, original) if self.always else None
-            if added is not None:
-                return ChatPayload({**body, "messages": added})
-            state.sent_tokens = original
-            state.report = _report(budget, original, original, unchanged=True, sections={}, cut=_cut([], 0))
-            state.report["sent"] = _as_sent(state.items, None)
-            return payload
+        fits = original <= budget.input_tokens
+        stable = [s for s in self.stable if not fits or s.name in self.always]
+        tail = [s for s in self.tail if not fits or s.name in self.always]
+        if fits and not stable and not tail:
+            return self._unchanged(call, payload, budget, original)
 
         leading = _leading_system(state.items)
         for item in state.items[:leading]:
             if item.tokens is None:  # a stored system prompt whose count was not read: it is sent
                 item.tokens = tokenizer.count_message(item.message)
+        system = state.items[:leading]
         history, current = split_current(state.items[leading:])
-        system_tokens = known_tokens(state.items[:leading])
-        # A long agent loop after the last question is cut by whole steps (call + results) too.
-        current, trimmed = trim_current(current, budget.input_tokens - system_tokens - fixed_extra)
-        build = BuildInput(call, tokenizer, state.items[:leading], history, current)
+        system_tokens = known_tokens(system)
+        limit = budget.input_tokens
+        # An agent's working state (the newest exchanges, the current tool loop) is kept while the
+        # model's window holds it: the budget yields first (a coding agent's system prompt and tools
+        # alone can pass a small budget).
+        ceiling = max(limit, (budget.context_window or limit) - budget.reserve_tokens)
+        current, trimmed = trim_current(current, ceiling - system_tokens - fixed_extra)
         current_tokens = known_tokens(current)
-        available = max(budget.input_tokens - system_tokens - current_tokens - fixed_extra, 0)
-
-        window = RecentWindow(self.config.recent_tokens)
-        scale = min(1.0, available / max(window.allowance + sum(s.allowance for s in self.sections), 1))
-        share = window.allowance * scale
-        # The smallest window there can be: a floor of its share, and never fewer than the newest
-        # `min_recent_exchanges` whole exchanges (unless they alone overflow what is available).
-        pinned = min(newest_exchanges_tokens(history, self.config.min_recent_exchanges), available)
-        smallest = max(int(share * WINDOW_FLOOR), pinned)
-        # Sections plan against that window (retrieval searches what lies before it).
-        build = replace(build, window=(await window.propose(build, smallest)).messages)
-        wanted, planned = await _plan(build, self.sections)
-        # A section that asks for more than its default (retrieval, for a question about the past) takes
-        # the extra from the window's share, down to the smallest window; the summary keeps its share.
-        extra = sum(max(w - s.allowance, 0) for w, s in zip(wanted, self.sections, strict=True)) * scale
-        reserved = int(max(share - extra, smallest))
-        # The window always keeps its own share; the sections' texts share the rest with the block's own
-        # framing (header, delimiters, a separator per section), which their allowances do not count.
-        spare = max(available - reserved - _framing_tokens(tokenizer, len(self.sections)), 0)
-        # What the window keeps at that share: the other sections work on what lies before it.
-        build = replace(build, window=(await window.propose(build, reserved)).messages)
-        injected, reported = await self._propose(build, wanted, planned, scale, spare)
-        block, block_tokens = self._block(injected, reported, tokenizer, available)
-        floor = _window_floor(history, injected)
-        window_proposal = await window.propose(
-            replace(build, history=history[floor:]), available - block_tokens
+        pinned = newest_exchanges_tokens(history, self.config.min_recent_exchanges)
+        limit = max(limit, min(system_tokens + fixed_extra + current_tokens + pinned, ceiling))
+        available = max(limit - system_tokens - current_tokens - fixed_extra, 0)
+        build = BuildInput(call, tokenizer, system, history, current)
+        allowances = self.config.recent_tokens + sum(s.allowance for s in (*stable, *tail))
+        scale = min(1.0, available / max(allowances, 1))
+        tail_reserve = int(sum(s.allowance for s in tail) * scale) + framing_tokens(
+            tokenizer, len(tail), TAIL_HEADER
         )
-        summary_floor = _window_floor(history, [(n, p) for n, p in injected if p.covers_through is not None])
-        if floor > summary_floor and available - block_tokens - window_proposal.tokens > REGROW_TOKENS:
-            # Retrieved history stopped the window at its newest message with budget to spare: let the
-            # window grow over those messages, and have the sections choose again from before it.
-            grown = await window.propose(
-                replace(build, history=history[summary_floor:]), available - block_tokens
-            )
-            if len(grown.messages) > len(window_proposal.messages):
-                build = replace(build, window=grown.messages, above=[])
-                injected, reported = await self._propose(build, wanted, planned, scale, spare)
-                block, block_tokens = self._block(injected, reported, tokenizer, available)
-                floor = _window_floor(history, injected)
-                window_proposal = await window.propose(
-                    replace(build, history=history[floor:]), available - block_tokens
-                )
-        available -= block_tokens
-        state.summary_path_tokens = max(_covered_tokens(injected), _summarised_tokens(reported))
 
-        messages: list[HistoryItem] = list(build.system)
-        if block is not None:
-            messages.append(HistoryItem(block, block_tokens))
-        messages += window_proposal.messages
+        # The epoch: the deepest stored one on the path while it still fits, else a new one.
+        path = [*history, *current]
+        stored = await self._stored_epochs(call)
+        # A history that fits keeps the epoch of its first message (a budget raised, a branch cut short).
+        found = current_epoch(path[:1] if fits else path, stored)
+        zone = _Zone()
+        start: int | None = None
+        epoch: JSONObject = {}
+        if found is not None and found[0] <= len(history):
+            at, pins = found
+            window_tokens = _tokens_or_none(history[at:])
+            zone = await self._restore(
+                replace(build, history=history[:at], window=history[at:]), stable, pins
+            )
+            reserve = tail_reserve if at else 0
+            if window_tokens is not None and zone.tokens + window_tokens + reserve <= available:
+                start = at
+                epoch = {"start_id": path[at].node_id, "new": False}
+            else:
+                epoch = {"ended": "the window outgrew the budget"}
+        if start is None:
+            stable_room = int(sum(s.allowance for s in stable) * scale) + framing_tokens(
+                tokenizer, len(stable)
+            )
+            if fits:
+                start = 0
+            else:
+                room = max(available - stable_room - tail_reserve, 0)
+                start = new_start(history, int(room * EPOCH_FILL), self.config.min_recent_exchanges)
+            window_tokens = known_tokens(history[start:])
+            zone = await self._propose(
+                replace(build, history=history[:start], window=history[start:]),
+                stable,
+                max(min(stable_room, available - window_tokens - (tail_reserve if start else 0)), 0),
+            )
+            epoch = {**epoch, "start_id": path[start].node_id if start < len(path) else None, "new": True}
+            await self._pin(call, path, start, zone, epoch)
+        window = history[start:]
+        window_tokens = known_tokens(window)
+
+        # The volatile tail: what this question needs from before the window, in what the rest leaves.
+        room = available - zone.tokens - window_tokens
+        above = [*zone.texts]
+        tail_build = replace(build, window=window, above=above)
+        tail_zone = await self._propose(tail_build, tail, max(room, 0), scale, TAIL_HEADER)
+        if fits and not zone.proposals and not tail_zone.proposals:
+            return self._unchanged(call, payload, budget, original, zone.reported | tail_zone.reported)
+
+        stable_block = injected_block(zone.texts)
+        tail_block = injected_block(tail_zone.texts, TAIL_HEADER)
+        messages: list[HistoryItem] = list(system)
+        if stable_block is not None:
+            messages.append(HistoryItem(stable_block, zone.tokens))
+        prefix_end = len(messages) - 1
+        messages += window
+        window_end = len(messages) - 1
+        if tail_block is not None:
+            messages.append(HistoryItem(tail_block, tail_zone.tokens))
         messages += current
+        breaks = [i for i in (prefix_end, window_end) if i >= 0 and (i > prefix_end or stable_block)]
+        state.cache_breaks = tuple(sorted(set(breaks)))
+
         sent = known_tokens(messages) + fixed_extra
-        history_tokens = state.history_tokens - system_tokens - current_tokens - _covered_tokens(injected)
-        # Summarised and retrieved messages are not "cut".
-        shown = {i for _, p in injected for i in p.verbatim_ids}
-        summarised = _window_floor(history, [(n, p) for n, p in injected if p.covers_through is not None])
-        cut = [
-            item
-            for item in history[summarised : len(history) - len(window_proposal.messages)]
-            if item.node_id not in shown
-        ]
+        covered = _covered_tokens(zone.proposals)
+        state.summary_path_tokens = max(covered, _summarised_tokens(zone.reported))
+        shown = {i for _, p in tail_zone.proposals for i in p.verbatim_ids}
+        summarised = _index_after(history, [p.covers_through for _, p in zone.proposals if p.covers_through])
+        cut = [item for item in history[summarised:start] if item.node_id not in shown]
+        retrieved_tokens = known_tokens([i for i in history if i.node_id in shown])
+        history_tokens = state.history_tokens - system_tokens - current_tokens - covered
         sections: dict[str, JSONObject] = {
-            "system": {"tokens": system_tokens, "messages": len(build.system)},
-            **reported,
-            "window": {"tokens": window_proposal.tokens, **window_proposal.detail},
+            "system": {"tokens": system_tokens, "messages": len(system)},
+            **zone.reported,
+            **tail_zone.reported,
+            "window": {
+                "tokens": window_tokens,
+                "exchanges": sum(1 for item in window if item.message.get("role") == "user"),
+                "message_ids": [item.node_id for item in window if item.node_id is not None],
+            },
             "current": {
                 "tokens": current_tokens,
                 "trimmed_messages": len(trimmed),
@@ -144,128 +201,156 @@ class ContextBuilder:
                 "message_ids": [i.node_id for i in current if i.node_id is not None],
             },
         }
-        retrieved_tokens = known_tokens([i for i in history if i.node_id in shown])
-        cut_tokens = history_tokens - window_proposal.tokens - retrieved_tokens
         state.sent_tokens = sent
         state.report = _report(
             budget, original, sent, unchanged=False, sections=sections,
-            cut=_cut(cut, cut_tokens),
+            cut=_cut(cut, max(history_tokens - window_tokens - retrieved_tokens, 0)),
         )  # fmt: skip
-        # What went, in order: stored messages by id (the block, kept whole, at its place).
+        state.report["epoch"] = {**epoch, "window_start": start, "limit_tokens": limit}
+        if fits and start == 0:
+            state.report["history_unchanged"] = True
+        blocks = {id(stable_block), id(tail_block)}
         state.report["sent"] = {
             # A message the store does not hold (the system prompt, outside the chain) goes in whole.
             "ids": [
                 item.node_id if item.node_id is not None else {"message": item.message}
                 for item in messages
-                if item.message is not block
+                if id(item.message) not in blocks
             ],
-            "context_at": len(build.system) if block is not None else None,
+            "context_at": len(system) if stable_block is not None else None,
+            "tail_at": len(system) + (stable_block is not None) + len(window)
+            if tail_block is not None
+            else None,
         }
-        state.sent_context = block
+        state.sent_context = _kept_context(stable_block, tail_block)
         return ChatPayload({**body, "messages": [item.message for item in messages]})
 
-    async def _added(
-        self, call: ChatCall, tokenizer: Tokenizer, budget: Budget, original: int
-    ) -> list[JSON] | None:
-        """The messages of a history that fits, with the `always` sections' block added after its
-        system prompt, within what the budget leaves; None when they have nothing to add."""
+    def _unchanged(
+        self,
+        call: ChatCall,
+        payload: ChatPayload,
+        budget: Budget,
+        original: int,
+        reported: dict[str, JSONObject] | None = None,
+    ) -> ChatPayload:
+        """The request as the client sent it: the exact client bytes go out."""
         state = call.state
-        leading = _leading_system(state.items)
-        history, current = split_current(state.items[leading:])
-        build = BuildInput(call, tokenizer, state.items[:leading], history, current, window=history)
-        room = budget.input_tokens - original
-        wanted, planned = await _plan(build, self.always)
-        injected, reported = await self._propose(build, wanted, planned, 1.0, room, self.always)
-        block, block_tokens = self._block(injected, reported, tokenizer, room)
-        if block is None:
-            return None
-        sent = original + block_tokens
-        state.sent_tokens = sent
-        sections: dict[str, JSONObject] = {
-            "system": {"tokens": known_tokens(build.system), "messages": len(build.system)},
-            **reported,
-            "window": {"tokens": known_tokens(history), "messages": len(history)},
-            "current": {"tokens": known_tokens(current)},
-        }
-        state.report = _report(budget, original, sent, unchanged=False, sections=sections, cut=_cut([], 0))
-        state.report["history_unchanged"] = True
-        state.report["sent"] = _as_sent(state.items, leading)  # the history whole, the block added
-        state.sent_context = block
-        messages: list[JSON] = [item.message for item in state.items[:leading]]
-        return [*messages, block, *(item.message for item in state.items[leading:])]
+        state.sent_tokens = original
+        state.report = _report(
+            budget, original, original, unchanged=True, sections=reported or {}, cut=_cut([], 0)
+        )
+        state.report["sent"] = _as_sent(state.items, None)
+        return payload
+
+    async def _stored_epochs(self, call: ChatCall) -> list[tuple[str, JSONObject]]:
+        conversation = call.state.conversation_id
+        if self.epochs is None or conversation is None:
+            return []
+        return await self.epochs.epochs(call.tenant, conversation)
+
+    async def _pin(
+        self, call: ChatCall, path: list[HistoryItem], start: int, zone: _Zone, epoch: JSONObject
+    ) -> None:
+        """Store a new epoch so the next turns (on any replica) show the same stable block."""
+        state = call.state
+        if self.epochs is None or state.conversation_id is None or start >= len(path):
+            return
+        node_id = path[start].node_id
+        if node_id is None or (start == 0 and not zone.proposals):
+            return  # nothing to pin: a history sent as it came
+        pins: JSONObject = {**zone.pins}
+        depth = state.leaf_depth - (len(path) - 1 - start)
+        await self.epochs.pin_epoch(call.tenant, state.conversation_id, node_id, depth, {"sections": pins})
+        epoch["pinned"] = True
+
+    async def _restore(self, build: BuildInput, sections: Sequence[StableSection], pins: JSONObject) -> _Zone:
+        """The stable block as the epoch pinned it."""
+        zone = _Zone()
+        by_name = pins.get("sections")
+        pinned = by_name if isinstance(by_name, dict) else {}
+        for section in sections:
+            pin = pinned.get(section.name)
+            if not isinstance(pin, dict):
+                continue
+            started = time.perf_counter()
+            with spanned(build.call.trace, f"build.{section.name}"):
+                proposal = await section.restore(build, pin)
+            zone.reported[section.name] = {
+                "tokens": proposal.tokens if proposal.text else 0,
+                **proposal.detail,
+                "pinned": True,
+                "ms": round((time.perf_counter() - started) * 1000, 3),
+            }
+            if proposal.text:
+                zone.proposals.append((section.name, proposal))
+        zone.tokens = block_tokens([p for _, p in zone.proposals], build.tokenizer)
+        return zone
 
     async def _propose(
         self,
         build: BuildInput,
-        wanted: list[int],
-        planned: list[float],
-        scale: float,
-        spare: int,
-        sections: Sequence[Section] | None = None,
-    ) -> tuple[list[tuple[str, Proposal]], dict[str, JSONObject]]:
-        """Each section (of `sections`, else all) in priority order, within its scaled share plus what
-        higher sections left."""
+        sections: Sequence[Section],
+        room: int,
+        scale: float = 1.0,
+        header: str = INJECTED_HEADER,
+    ) -> _Zone:
+        """Each section in priority order, within its scaled ask plus what higher sections left, the
+        whole block (framing included) within `room`."""
+        zone = _Zone()
+        if not sections:
+            return zone
+        spare = max(room - framing_tokens(build.tokenizer, len(sections), header), 0)
         carry = 0
-        injected: list[tuple[str, Proposal]] = []
-        reported: dict[str, JSONObject] = {}
-        chosen = self.sections if sections is None else sections
-        for section, want, plan_seconds in zip(chosen, wanted, planned, strict=True):
-            # Its own scaled share (a `whole` section: its whole ask, up to half of what is spare) plus what
-            # higher sections left; never the window's reserved share.
+        for section in sections:
+            started = time.perf_counter()
+            want = await section.plan(build)
+            # Its own scaled share (a `whole` section: its whole ask, up to half of what is spare) plus
+            # what higher sections left.
             share = int(want * scale)
             if section.whole:
                 share = max(share, min(want, spare // 2))
             allowance = max(min(share + carry, spare), 0)
-            started = time.perf_counter()
             with spanned(build.call.trace, f"build.{section.name}") as span:
-                proposal = await section.propose(build, allowance)
+                proposal = await section.propose(build, allowance) if allowance else Proposal()
                 used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
                 span.set({"gateway.section.allowance": allowance, "gateway.section.tokens": used})
-            seconds = plan_seconds + time.perf_counter() - started
-            # Every section reports, even one that proposed nothing (its detail says why), and its time.
-            reported[section.name] = {
+            zone.reported[section.name] = {
                 "tokens": used,
                 "asked": want,
                 "allowance": allowance,
                 **proposal.detail,
-                "ms": round(seconds * 1000, 3),
+                "ms": round((time.perf_counter() - started) * 1000, 3),
             }
             if used:
-                injected.append((section.name, proposal))
+                zone.proposals.append((section.name, proposal))
                 build.above.append(proposal.text or "")  # lower sections can avoid repeating it
+            skipped = proposal.detail.get("skipped")
+            pin = proposal.pin if used and proposal.pin is not None else {}
+            zone.pins[section.name] = {"skipped": skipped, **pin} if isinstance(skipped, str) else pin
             carry, spare = allowance - used, spare - used
-        return injected, reported
-
-    @staticmethod
-    def _block(
-        injected: list[tuple[str, Proposal]],
-        reported: dict[str, JSONObject],
-        tokenizer: Tokenizer,
-        available: int,
-    ) -> tuple[JSONObject | None, int]:
-        """The delimited system message holding every injected section, and its tokens (counted from the
-        sections' own counts: counted whole, the retrieved lines went through the tokenizer's line cache
-        again, which the old messages of many conversations keep turning over)."""
-        block = _injected_block(injected)
-        block_tokens = 0
-        if block is not None:
-            parts: list[tuple[str, int | None]] = [(_OPENING, None)]
-            for number, (_, proposal) in enumerate(injected):
-                if number:
-                    parts.append((_BETWEEN, None))
-                parts.append((proposal.text or "", proposal.tokens))
-            parts.append((_CLOSING, None))
-            empty = tokenizer.count_message({"role": "system", "content": ""})
-            block_tokens = empty + tokenizer.count_concat(parts)
-        if block_tokens > available:  # the framing does not fit a tiny budget: drop it
-            injected.clear()
-            for detail in reported.values():
+        proposals = [p for _, p in zone.proposals]
+        zone.tokens = block_tokens(proposals, build.tokenizer, header)
+        if zone.tokens > room:  # the framing does not fit a tiny budget: drop the block
+            for detail in zone.reported.values():
                 detail.update(tokens=0, dropped="no room for the injected block")
-            return None, 0
-        return block, block_tokens
+            return _Zone(reported=zone.reported)
+        return zone
 
 
-REGROW_TOKENS = 200  # leftover budget worth a second pass (see `__call__`)
+def _kept_context(stable: JSONObject | None, tail: JSONObject | None) -> JSONObject | None:
+    """The injected blocks as kept with the request record (forgotten when a memory they held is
+    deleted): the stable block as the message, the tail under "tail"."""
+    if stable is None and tail is None:
+        return None
+    kept: JSONObject = dict(stable) if stable is not None else {}
+    if tail is not None:
+        kept["tail"] = tail
+    return kept
+
+
+def _tokens_or_none(items: list[HistoryItem]) -> int | None:
+    counts = [item.tokens for item in items]
+    return None if None in counts else sum(c for c in counts if c is not None)
 
 
 def _as_sent(items: list[HistoryItem], context_at: int | None) -> JSONObject:
@@ -276,35 +361,12 @@ def _as_sent(items: list[HistoryItem], context_at: int | None) -> JSONObject:
     return {"as_sent": True, "context_at": context_at, "leading": unstored}
 
 
-def _framing_tokens(tokenizer: Tokenizer, sections: int) -> int:
-    """Tokens of the injected block around its sections' texts: header, delimiters and message
-    overhead, and a separator per section."""
-    empty = _injected_block([("", Proposal(text=""))])
-    return (tokenizer.count_message(empty) if empty is not None else 0) + sections
-
-
-_OPENING = f"<gateway_context>\n{INJECTED_HEADER}\n\n"
-_BETWEEN = "\n\n"
-_CLOSING = "\n</gateway_context>"
-
-
-def _injected_block(injected: list[tuple[str, Proposal]]) -> JSONObject | None:
-    """All injected sections in one delimited system message, so the model can tell memory from
-    instructions."""
-    if not injected:
-        return None
-    text = _BETWEEN.join(p.text or "" for _, p in injected)
-    return {"role": "system", "content": f"{_OPENING}{text}{_CLOSING}"}
-
-
-def _window_floor(history: list[HistoryItem], injected: list[tuple[str, Proposal]]) -> int:
-    """Index in `history` where the window may start: right after the deepest summarised node and after
-    the newest message another section shows verbatim."""
-    after = {p.covers_through for _, p in injected if p.covers_through is not None}
-    after.update(i for _, p in injected for i in p.verbatim_ids)
-    if not after:
+def _index_after(history: list[HistoryItem], node_ids: list[str | None]) -> int:
+    """Index in `history` right after the deepest of `node_ids` (0 when none is on it)."""
+    wanted = {n for n in node_ids if n is not None}
+    if not wanted:
         return 0
-    return max((index + 1 for index, item in enumerate(history) if item.node_id in after), default=0)
+    return max((index + 1 for index, item in enumerate(history) if item.node_id in wanted), default=0)
 
 
 def _covered_tokens(injected: list[tuple[str, Proposal]]) -> int:
@@ -315,25 +377,13 @@ def _covered_tokens(injected: list[tuple[str, Proposal]]) -> int:
 def _summarised_tokens(reported: dict[str, JSONObject]) -> int:
     """Tokens of the path that the newest stored summary on it covers, whether it was sent or not (one
     over its allowance is not sent, yet a compaction finds nothing new to fold until the path grows past
-    it: judged by what was sent, every answer queued a compaction job that read the whole path and
-    stopped there, 82 % of them in a benchmark of long conversations, BENCHMARKS.md issue 16)."""
-    covered = [detail.get("covers_tokens") for detail in reported.values()]
+    it: judged by what was sent, most answers queued a compaction job that found nothing to fold)."""
+    covered = [d.get(k) for d in reported.values() for k in ("covers_tokens", "newest_covers_tokens")]
     return max((c for c in covered if isinstance(c, int) and not isinstance(c, bool)), default=0)
 
 
 def known_tokens(items: list[HistoryItem]) -> int:
     return sum(item.tokens or 0 for item in items)
-
-
-async def _plan(build: BuildInput, sections: Sequence[Section]) -> tuple[list[int], list[float]]:
-    """What each section asks for, and how long it took to find out (its searches run here)."""
-    wanted: list[int] = []
-    seconds: list[float] = []
-    for section in sections:
-        started = time.perf_counter()
-        wanted.append(await section.plan(build))
-        seconds.append(time.perf_counter() - started)
-    return wanted, seconds
 
 
 def _leading_system(items: list[HistoryItem]) -> int:

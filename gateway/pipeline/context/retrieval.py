@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,6 +42,12 @@ RRF_K = 30  # measured on LoCoMo (benchmarks/locomo.py): 30 ranked a little bett
 # A question that neither points at the past nor names an exact term gets history only when the best
 # semantic match is at least this close (cosine); below it the tokens go to the recent window instead.
 MIN_SIMILARITY = 0.35
+# A question, not a statement: a question mark (any script's), or an opening interrogative word.
+_ASKS = re.compile(
+    r"[?\uff1f]|^\s*(?:what|when|where|who|whom|which|why|how|do|does|did|have|has|had|is|are|was|were|can|could|"
+    r"would|should|will)\b",
+    re.I,
+)
 # A match this close (cosine) in old history is worth more room than the recent window's tail.
 RECALL_SIMILARITY = 0.5
 # Those two thresholds are MiniLM's; models whose cosines sit in another band get theirs, at the same
@@ -146,19 +153,29 @@ class RetrievalSection:
 
     async def plan(self, build: BuildInput) -> int:
         """Search now (before the budget is split), then ask for room by what the question and the
-        scores say: more when it asks about the past, names a term found in old messages, or matches old
-        messages closely; the default for a fair match; nothing when nothing old is close."""
+        scores say: more when it asks about the past or names a term only old messages hold, the default
+        for a close match, nothing otherwise."""
         found = await self._find(build)
         build.memo[self.name] = found
         if not found.on_path:
             return 0
         facts = found.facts
         fair, close = self.band
-        if facts.about_past or found.matched_terms or found.best_similarity >= close:
+        # What goes in the tail is uncached on every turn it appears (design.md section 14): only for a
+        # question about the past, one naming a term that only old messages hold, or a close match.
+        window = [self._lowered(item) for item in build.window]
+        old_only = [t for t in found.matched_terms if not any(contains_term(text, t) for text in window)]
+        asks = (
+            _ASKS.search(_question(build.current)) is not None
+        )  # a statement in the past tense is no recall
+        past = facts.time_range is not None or (asks and found.best_similarity >= fair)
+        if (facts.about_past and past) or old_only:
             return self.config.recall_allowance_tokens
-        if found.best_similarity >= fair:
+        if found.best_similarity >= close:
             return self.config.allowance_tokens
-        found.detail["skipped"] = "no close match"
+        found.detail["skipped"] = (
+            "no close match" if found.matched_terms == old_only else "terms in the window"
+        )
         return 0
 
     async def _find(self, build: BuildInput) -> _Found:

@@ -42,6 +42,9 @@ class Proposal:
     # Messages this proposal shows verbatim (retrieved history): the recent window starts after the
     # newest of them, so nothing is sent twice.
     verbatim_ids: tuple[str, ...] = ()
+    # What a stable-block section needs to show the same text again for the rest of an epoch (the
+    # summary's id, the memories' ids): stored with the epoch, given back to `restore`.
+    pin: JSONObject | None = None
 
 
 class Section(Protocol):
@@ -65,3 +68,9 @@ class Section(Protocol):
         ...
 
     async def propose(self, build: BuildInput, allowance: int) -> Proposal: ...
+
+
+class StableSection(Section, Protocol):
+    """A section of the stable block: proposed when an epoch begins, then shown again from its pin."""
+
+    async def restore(self, build: BuildInput, pin: JSONObject) -> Proposal: ...

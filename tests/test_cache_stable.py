@@ -1,0 +1,201 @@
+"""The cache-stable prompt (design.md section 14) through the real gateway and the caching fake upstream:
+append-only between epochs, epochs that jump in large steps, the tail before the question, memory that
+keeps a short chat's prefix stable, and an agent's working state kept whatever the budget."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from gateway.fakes.openai_upstream import Reply
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant, wait_for_jobs
+
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "bright",
+    "stars",
+    "shine",
+]
+NO_EXTRAS = {"retrieval": {"enabled": False}, "compaction": {"enabled": False}}
+
+
+def text(seed: int, words: int) -> str:
+    return " ".join(WORDS[(seed * 7 + i * 3) % len(WORDS)] for i in range(words)) + f" #{seed}"
+
+
+def chat(
+    gateway: Gateway,
+    upstream: Upstream,
+    turns: int,
+    *,
+    system: str = "You are terse.",
+    headers: dict[str, str] | None = None,
+    answer_words: int = 120,
+) -> list[list[dict[str, Any]]]:
+    """A chat app resending its whole history; returns what the upstream received for each turn."""
+    client = gateway.client()
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    sent: list[list[dict[str, Any]]] = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": text(turn, 30)})
+        upstream.fake.enqueue(Reply(content=text(1000 + turn, answer_words)))
+        answer = client.chat.completions.create(
+            model="gpt-4o", messages=messages, extra_headers=headers or {}
+        )
+        sent.append(upstream.fake.last_chat().body["messages"])
+        messages.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
+    return sent
+
+
+def shares_prefix(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> bool:
+    """`after` begins with `before` up to its volatile tail (or its question, when it had none)."""
+    end = len(before) - 1  # the question
+    if end > 0 and _is_tail(before[end - 1]):
+        end -= 1
+    return after[:end] == before[:end]
+
+
+def _is_tail(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return (
+        message.get("role") == "system"
+        and isinstance(content, str)
+        and "for the next message only" in content
+    )
+
+
+def test_a_long_chat_is_append_only_between_epochs_and_the_provider_caches_it(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, context={"budget_tokens": 3000}, **NO_EXTRAS)])
+    sent = chat(gateway, upstream, 40)
+    jumps = [n for n in range(1, len(sent)) if not shares_prefix(sent[n - 1], sent[n])]
+    assert jumps, "the chat never outgrew the budget"
+    # The window jumps in large steps: several turns append to each epoch.
+    assert len(jumps) <= len(sent) // 4, jumps
+    assert all(b - a >= 3 for a, b in itertools.pairwise(jumps)), jumps
+    cache = upstream.fake.prompt_cache.records("chat")
+    hit = sum(u.cached_tokens for u in cache) / sum(u.prompt_tokens for u in cache)
+    assert hit > 0.5, hit
+
+
+def test_epochs_are_stored_with_the_path_so_a_second_gateway_builds_the_same_bytes(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    config = [tenant("acme", upstream.base_url, context={"budget_tokens": 3000}, **NO_EXTRAS)]
+    first = make_gateway(config)
+    sent = chat(first, upstream, 30)
+    second = make_gateway(config)  # another replica on the same database
+    client = second.client()
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    for turn in range(30):
+        history += [
+            {"role": "user", "content": text(turn, 30)},
+            {"role": "assistant", "content": text(1000 + turn, 120)},
+        ]
+    history.append({"role": "user", "content": text(30, 30)})
+    upstream.fake.enqueue(Reply(content="ok"))
+    client.chat.completions.create(model="gpt-4o", messages=history)
+    assert shares_prefix(sent[-1], upstream.fake.last_chat().body["messages"])
+
+
+def test_the_tail_sits_right_before_the_question_and_the_stable_block_after_the_system_prompt(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway(
+        [
+            tenant(
+                "acme",
+                upstream.base_url,
+                context={"budget_tokens": 3000},
+                compaction={"enabled": False},
+                retrieval={"enabled": True},
+            )
+        ],
+        jobs={"poll_seconds": 0.05},
+    )
+    client = gateway.client()
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "The deploy key for ledger-api is LK-4471-ZQ, note it."},
+        {"role": "assistant", "content": "Noted."},
+    ]
+    for turn in range(30):
+        messages += [
+            {"role": "user", "content": text(turn, 30)},
+            {"role": "assistant", "content": text(500 + turn, 120)},
+        ]
+    messages.append({"role": "user", "content": "ok"})
+    upstream.fake.enqueue(Reply(content="fine"))
+    client.chat.completions.create(model="gpt-4o", messages=messages)
+    wait_for_jobs(gateway)
+    messages += [
+        {"role": "assistant", "content": "fine"},
+        {"role": "user", "content": "What was the deploy key LK-4471-ZQ for again?"},
+    ]
+    upstream.fake.enqueue(Reply(content="ledger-api"))
+    client.chat.completions.create(model="gpt-4o", messages=messages)
+    sent = upstream.fake.last_chat().body["messages"]
+    assert sent[0] == messages[0]
+    assert sent[-1] == messages[-1]
+    assert _is_tail(sent[-2]) and "LK-4471-ZQ" in sent[-2]["content"]
+    # Nothing question-specific before the window: everything between the system prompt and the tail is
+    # the client's own messages, verbatim and in order.
+    middle = sent[1:-2]
+    assert all(m in messages for m in middle)
+
+
+def test_a_short_chat_with_a_known_user_keeps_its_prefix_and_gets_memory_in_the_tail(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway(
+        [tenant("acme", upstream.base_url, memory={"enabled": True, "extraction": False}, **NO_EXTRAS)]
+    )
+    user = {"X-User-Id": "ana"}
+    auth = {"authorization": f"Bearer {GATEWAY_KEY}", **user}
+    for content, kind in (
+        ("Ana is vegetarian.", "constraint"),
+        ("Ana's cello teacher is called Mr Okafor.", "stable_fact"),
+    ):
+        httpx.post(
+            f"{gateway.server.url}/api/memories", json={"content": content, "type": kind}, headers=auth
+        ).raise_for_status()
+    client = gateway.client()
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    sent: list[list[dict[str, Any]]] = []
+    for question in ("Hello there!", "Who teaches my cello lessons, Mr Okafor?", "Thanks, bye."):
+        messages.append({"role": "user", "content": question})
+        upstream.fake.enqueue(Reply(content="Sure."))
+        client.chat.completions.create(model="gpt-4o", messages=messages, extra_headers=user)
+        sent.append(upstream.fake.last_chat().body["messages"])
+        messages.append({"role": "assistant", "content": "Sure."})
+    # The standing memory is pinned after the system prompt from the first turn on.
+    assert "vegetarian" in str(sent[0][1]["content"])
+    assert sent[1][1] == sent[0][1] == sent[2][1]
+    # The memory that bears on a question goes in the tail, for that turn only.
+    assert _is_tail(sent[1][-2]) and "Okafor" in sent[1][-2]["content"]
+    assert shares_prefix(sent[0], sent[1]) and shares_prefix(sent[1], sent[2])
+
+
+def test_an_agent_keeps_its_newest_exchanges_when_its_system_prompt_outgrows_the_budget(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, context={"budget_tokens": 1000}, **NO_EXTRAS)])
+    system = text(7, 1500)  # ~1,500 tokens of instructions and tools: over the whole budget
+    sent = chat(gateway, upstream, 3, system=system, answer_words=40)
+    first_question = text(0, 30)
+    assert any(m.get("content") == first_question for m in sent[1]), "turn 2 lost turn 1"
+    assert any(m.get("content") == text(1, 30) for m in sent[2])
