@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,7 @@ class Turn:
     sent: int = 0  # the gateway's own count of what it sent (0 for replay)
     tail: int = 0  # tokens of the volatile tail (retrieved groups, relevant memories)
     epoch: bool = False  # this turn began an epoch (the window jumped, the stable block was rebuilt)
+    why: str = ""  # why retrieval went in the tail
 
     @property
     def uncached(self) -> int:
@@ -184,6 +186,8 @@ class GatewayProcess:
                         for name in ("retrieval", "memory_relevant")
                     )
                     turn.epoch = bool((report.get("epoch") or {}).get("new")) and not report.get("unchanged")
+                    retrieval = sections.get("retrieval") or {}
+                    turn.why = str(retrieval.get("why", "")) if retrieval.get("tokens") else ""
                     return
                 time.sleep(0.02)
 
@@ -284,6 +288,12 @@ def summarise(run: Run, replay: Run, stretch: int) -> None:
         f"{statistics.median(t.uncached for t in base_half):,.0f} "
         f"({statistics.median(t.uncached for t in half) / max(statistics.median(t.uncached for t in base_half), 1):.1f}x)"
     )
+    reasons = Counter(t.why for t in turns if t.tail)
+    if reasons:
+        print(
+            f"    turns with a tail {sum(reasons.values())}: "
+            + ", ".join(f"{w or 'memory'} {n}" for w, n in reasons.items())
+        )
     if run.background:
         bg = run.background
         print(
@@ -341,7 +351,7 @@ def main() -> None:
         args.json.write_text(json.dumps(dump))
 
 
-def _row(turn: Turn) -> dict[str, int | bool]:
+def _row(turn: Turn) -> dict[str, int | bool | str]:
     return {
         "prompt": turn.prompt,
         "cached": turn.cached,

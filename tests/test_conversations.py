@@ -357,7 +357,10 @@ def test_thin_client_repeating_its_first_message_continues_the_chat(
 def test_a_long_agent_loop_is_cut_by_whole_steps(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
-    gateway = make_gateway([tenant("acme", upstream.base_url, context={"budget_tokens": 900})])
+    # The budget yields to a tool loop while the model's window holds it; past the window (900 tokens
+    # once the 4,000-token answer reserve is set aside), the loop is cut by whole steps.
+    context = {"budget_tokens": 900, "context_window_tokens": 4_900}
+    gateway = make_gateway([tenant("acme", upstream.base_url, context=context)])
     question = {"role": "user", "content": "Find every failing test and fix it."}
     messages: list[Any] = [SYSTEM, question]
     for step in range(30):  # one question, then a tool loop with no user turn in between

@@ -50,11 +50,13 @@ def contents(gateway: Gateway, user: str = "ana", **params: str) -> list[str]:
 
 
 def injected(upstream: Upstream) -> str:
-    """The gateway's block in the last chat request the upstream received ("" when none)."""
-    for message in upstream.fake.last_chat().body["messages"]:  # type: ignore[union-attr]
-        if message["role"] == "system" and "<gateway_context>" in str(message["content"]):
-            return str(message["content"])
-    return ""
+    """The gateway's blocks (the stable one, the tail) in the last chat request the upstream received
+    ("" when none)."""
+    return "\n".join(
+        str(message["content"])
+        for message in upstream.fake.last_chat().body["messages"]  # type: ignore[union-attr]
+        if message["role"] == "system" and "<gateway_context>" in str(message["content"])
+    )
 
 
 @pytest.fixture
@@ -115,13 +117,16 @@ def test_a_new_conversation_gets_what_is_relevant_and_the_short_chat_stays_as_se
     assert "Korean" in block  # a standing preference comes whatever the question
     sent = upstream.fake.last_chat().body["messages"]
     assert sent[-1] == {"role": "user", "content": "Which pgbouncer pool mode suits our billing database?"}
-    assert len(sent) == 2  # the block, then the client's own message unchanged
+    # The standing part in the stable block, what bears on the question in the tail before it, then the
+    # client's own message unchanged.
+    assert len(sent) == 3
+    assert "Korean" in sent[0]["content"] and "Postgres 16 with pgbouncer" in sent[1]["content"]
     request_id = raw.headers["x-gateway-request-id"]
     record = httpx.get(
         f"{remembering.server.url}/api/requests/{request_id}",
         headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
     ).json()
-    section = record["report"]["sections"]["memory"]
+    section = record["report"]["sections"]["memory_relevant"]
     ids = {m["id"]: m["content"] for m in memories(remembering)}
     assert section["memory_ids"] and all(i in ids for i in section["memory_ids"])
     assert any("pgbouncer" in ids[r["id"]] and r["similarity"] is not None for r in section["relevant"])
@@ -764,7 +769,7 @@ def test_a_memory_is_not_repeated_to_the_conversation_that_still_shows_its_sourc
         f"{remembering.server.url}/api/requests/{again.headers['x-gateway-request-id']}",
         headers={"Authorization": f"Bearer {GATEWAY_KEY}"},
     ).json()["report"]
-    assert report["sections"]["memory"]["in_window"] >= 1
+    assert report["sections"]["memory_relevant"]["in_window"] >= 1
     ask(remembering, "Which pgbouncer pool mode suits our billing database?")  # a new conversation
     assert "Postgres 16 with pgbouncer" in injected(upstream)
 
@@ -789,8 +794,10 @@ def test_the_block_sent_is_kept_with_the_request_until_what_it_held_is_deleted(
     first = ask(remembering, "Which Postgres version does our billing service run?")
     sent = upstream.fake.last_chat().body["messages"]
     kept = record(first)
-    assert kept["sent_context"] == sent[0] and "Postgres 16" in injected(upstream)
-    assert kept["report"]["sent"] == {"as_sent": True, "context_at": 0, "leading": []}
+    # The profile in the stable block; the memory that bears on the question in the tail before it.
+    assert kept["sent_context"] == {**sent[0], "tail": sent[1]} and "Postgres 16" in sent[1]["content"]
+    layout = kept["report"]["sent"]
+    assert layout["context_at"] == 0 and layout["tail_at"] == 1 and len(layout["ids"]) == 1
     page = httpx.get(f"{remembering.server.url}/dashboard/requests/{kept['id']}", headers=auth)
     assert page.status_code == 200 and "Ana&#39;s billing service runs on Postgres 16." in page.text
     other = ask(remembering, "And which Postgres version runs billing, again?")  # a second conversation

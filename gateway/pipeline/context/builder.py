@@ -311,7 +311,7 @@ class ContextBuilder:
                 share = max(share, min(want, spare // 2))
             allowance = max(min(share + carry, spare), 0)
             with spanned(build.call.trace, f"build.{section.name}") as span:
-                proposal = await section.propose(build, allowance) if allowance else Proposal()
+                proposal = await section.propose(build, allowance)  # with none, it says why
                 used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
                 span.set({"gateway.section.allowance": allowance, "gateway.section.tokens": used})
             zone.reported[section.name] = {

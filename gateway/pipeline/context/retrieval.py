@@ -170,8 +170,11 @@ class RetrievalSection:
         )  # a statement in the past tense is no recall
         past = facts.time_range is not None or (asks and found.best_similarity >= fair)
         if (facts.about_past and past) or old_only:
+            found.detail["why"] = "terms only old messages hold" if old_only else "a question about the past"
             return self.config.recall_allowance_tokens
-        if found.best_similarity >= close:
+        other_best = max((h.score for h in found.other.semantic), default=0.0) if found.other else 0.0
+        if max(found.best_similarity, other_best) >= close:
+            found.detail["why"] = "a close match"
             return self.config.allowance_tokens
         found.detail["skipped"] = (
             "no close match" if found.matched_terms == old_only else "terms in the window"
