@@ -266,7 +266,10 @@ LIMIT = 64 * 1024
 
 @pytest.fixture
 def small_limit(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> Gateway:
-    return make_gateway([tenant("acme", upstream.base_url)], server={"max_body_bytes": LIMIT})
+    # No prompt_cache_key (spliced into a long prompt's bytes): these tests compare the forwarded bytes.
+    return make_gateway(
+        [tenant("acme", upstream.base_url, prompt_cache_key=False)], server={"max_body_bytes": LIMIT}
+    )
 
 
 def sized(total: int) -> bytes:
