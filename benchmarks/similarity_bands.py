@@ -25,7 +25,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.locomo import DEFAULT_DATA, load  # noqa: E402
 from gateway.adapters.e5_embedder import E5Embedder  # noqa: E402
 from gateway.adapters.onnx_embedder import OnnxEmbedder  # noqa: E402
-from gateway.pipeline.context.retrieval import MIN_SIMILARITY, RECALL_SIMILARITY  # noqa: E402
+from gateway.pipeline.context.retrieval import (  # noqa: E402
+    DEFAULT_TAIL_SIMILARITY,
+    MIN_SIMILARITY,
+    RECALL_SIMILARITY,
+)
 from gateway.ports import Embedder  # noqa: E402
 
 
@@ -66,7 +70,7 @@ async def main() -> None:
             f"evidence: {' '.join(f'{v:.3f}' for v in np.quantile(evidence, quantiles))} | "
             f"unrelated turns q50 q90 q99: {' '.join(f'{v:.3f}' for v in np.quantile(unrelated, [0.5, 0.9, 0.99]))}"
         )
-    for threshold in (MIN_SIMILARITY, RECALL_SIMILARITY):
+    for threshold in (MIN_SIMILARITY, RECALL_SIMILARITY, DEFAULT_TAIL_SIMILARITY):
         share = float((base_unrelated < threshold).mean())
         print(
             f"minilm {threshold:.2f}: {100 * share:.2f} % of unrelated turns below -> e5 at that quantile: "
