@@ -120,3 +120,26 @@ def _details(usage: JSONObject, key: str) -> JSONObject:
 def _count(data: JSONObject, key: str) -> int:
     value = data.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+# OpenAI caches in 128-token steps from 1,024: a prefix that long may still show up to a step short.
+CACHE_STEP_TOKENS = 128
+CACHE_MIN_TOKENS = 1024
+
+
+def miss_reason(report: JSONObject, reading: CacheUsage) -> str | None:
+    """Why the provider's cache held less of the prompt than the previous turn also sent (the report's
+    `cache_prefix_tokens`), or None when it held that much (what follows it is new, or the tail, by
+    design)."""
+    prefix = report.get("cache_prefix_tokens")
+    if (
+        not isinstance(prefix, int)
+        or reading.cached_tokens + reading.cache_write_tokens + CACHE_STEP_TOKENS > prefix
+    ):
+        return None
+    epoch = report.get("epoch")
+    if isinstance(epoch, dict) and epoch.get("new") and not report.get("history_unchanged"):
+        return "an epoch began: the window moved and the stable block was rebuilt"
+    if prefix < CACHE_MIN_TOKENS:
+        return "the prefix is shorter than the provider caches"
+    return "the cache no longer held the prefix (expired or evicted), or the client changed it since its last turn"

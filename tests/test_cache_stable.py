@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from gateway.fakes.openai_upstream import Reply
-from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant, wait_for_jobs
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
 
 WORDS = [
     "the",
@@ -44,6 +44,7 @@ def chat(
     system: str = "You are terse.",
     headers: dict[str, str] | None = None,
     answer_words: int = 120,
+    request_ids: list[str] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """A chat app resending its whole history; returns what the upstream received for each turn."""
     client = gateway.client()
@@ -52,11 +53,13 @@ def chat(
     for turn in range(turns):
         messages.append({"role": "user", "content": text(turn, 30)})
         upstream.fake.enqueue(Reply(content=text(1000 + turn, answer_words)))
-        answer = client.chat.completions.create(
+        raw = client.chat.completions.with_raw_response.create(
             model="gpt-4o", messages=messages, extra_headers=headers or {}
         )
+        if request_ids is not None:
+            request_ids.append(raw.headers["x-gateway-request-id"])
         sent.append(upstream.fake.last_chat().body["messages"])
-        messages.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
+        messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content or ""})
     return sent
 
 
@@ -81,12 +84,20 @@ def test_a_long_chat_is_append_only_between_epochs_and_the_provider_caches_it(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
     gateway = make_gateway([tenant("acme", upstream.base_url, context={"budget_tokens": 3000}, **NO_EXTRAS)])
-    sent = chat(gateway, upstream, 40)
+    ids: list[str] = []
+    sent = chat(gateway, upstream, 40, request_ids=ids)
     jumps = [n for n in range(1, len(sent)) if not shares_prefix(sent[n - 1], sent[n])]
     assert jumps, "the chat never outgrew the budget"
     # The window jumps in large steps: several turns append to each epoch.
     assert len(jumps) <= len(sent) // 4, jumps
     assert all(b - a >= 3 for a, b in itertools.pairwise(jumps)), jumps
+    # Each request says why the provider's cache missed: at a jump, the epoch; otherwise it did not.
+    for request_id in ids:
+        recorded(gateway, request_id)
+    reports = [api(gateway, f"/requests/{request_id}")["report"] for request_id in ids]
+    misses = [str(report.get("cache", {}).get("miss", "")) for report in reports]
+    assert sum("epoch began" in m for m in misses) == len(jumps), misses
+    assert all(not m or "epoch began" in m or "shorter than the provider caches" in m for m in misses), set(misses)
     cache = upstream.fake.prompt_cache.records("chat")
     hit = sum(u.cached_tokens for u in cache) / sum(u.prompt_tokens for u in cache)
     assert hit > 0.5, hit

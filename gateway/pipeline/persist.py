@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import ClassVar
 
-from gateway.cache_usage import normalise, stored_usage
+from gateway.cache_usage import miss_reason, normalise, stored_usage
 from gateway.metrics import Counters
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.canonical import chain_hashes
@@ -109,7 +109,10 @@ class PersistStep:
         report = state.report
         if reading is not None:
             if report is not None:
-                report = {**report, "cache": reading.report()}
+                cache = reading.report()
+                if (miss := miss_reason(report, reading)) is not None:
+                    cache["miss"] = miss
+                report = {**report, "cache": cache}
             if self.counters is not None:
                 self.counters.count_input(call.tenant, reading)
         record = RequestRecord(

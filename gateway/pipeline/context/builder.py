@@ -207,6 +207,11 @@ class ContextBuilder:
             cut=_cut(cut, max(history_tokens - window_tokens - retrieved_tokens, 0)),
         )  # fmt: skip
         state.report["epoch"] = {**epoch, "window_start": start, "limit_tokens": limit}
+        # What the previous turn sent too: all but the window's newest exchange (its answer is new).
+        prefix = (
+            fixed_extra + system_tokens + zone.tokens + window_tokens - newest_exchanges_tokens(window, 1)
+        )
+        state.report["cache_prefix_tokens"] = prefix if _seen_before(state.items, state.appended) else 0
         if fits and start == 0:
             state.report["history_unchanged"] = True
         blocks = {id(stable_block), id(tail_block)}
@@ -240,6 +245,9 @@ class ContextBuilder:
             budget, original, original, unchanged=True, sections=reported or {}, cut=_cut([], 0)
         )
         state.report["sent"] = _as_sent(state.items, None)
+        history, current = split_current(state.items[_leading_system(state.items) :])
+        prefix = max(original - known_tokens(current) - newest_exchanges_tokens(history, 1), 0)
+        state.report["cache_prefix_tokens"] = prefix if _seen_before(state.items, state.appended) else 0
         return payload
 
     async def _stored_epochs(self, call: ChatCall) -> list[tuple[str, JSONObject]]:
@@ -346,6 +354,11 @@ def _kept_context(stable: JSONObject | None, tail: JSONObject | None) -> JSONObj
     if tail is not None:
         kept["tail"] = tail
     return kept
+
+
+def _seen_before(items: list[HistoryItem], appended: int) -> bool:
+    """Some of the request's history was stored by an earlier request: its prefix went upstream before."""
+    return sum(1 for item in items if item.node_id is not None) > appended
 
 
 def _tokens_or_none(items: list[HistoryItem]) -> int | None:
