@@ -97,7 +97,9 @@ def test_a_long_chat_is_append_only_between_epochs_and_the_provider_caches_it(
     reports = [api(gateway, f"/requests/{request_id}")["report"] for request_id in ids]
     misses = [str(report.get("cache", {}).get("miss", "")) for report in reports]
     assert sum("epoch began" in m for m in misses) == len(jumps), misses
-    assert all(not m or "epoch began" in m or "shorter than the provider caches" in m for m in misses), set(misses)
+    assert all(not m or "epoch began" in m or "shorter than the provider caches" in m for m in misses), set(
+        misses
+    )
     cache = upstream.fake.prompt_cache.records("chat")
     hit = sum(u.cached_tokens for u in cache) / sum(u.prompt_tokens for u in cache)
     assert hit > 0.5, hit
