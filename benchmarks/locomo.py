@@ -84,6 +84,9 @@ class Score:
     allowances: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     skipped: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     questions: list[dict[str, Any]] = field(default_factory=list)  # per question, for --dump
+    # Recall by where in its epoch (design.md section 14) the question was asked: the window's share of
+    # its room ("an epoch began" when the question made the window jump; "as sent" for a history that fit).
+    phases: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
 
 
 def session_date(text: str) -> datetime:
@@ -249,6 +252,7 @@ def ask(
         record = request_record(http, response.headers["x-gateway-request-id"], headers)
         sections = (record.get("report") or {}).get("sections") or {}
         retrieval = sections.get("retrieval")
+        score.phases[epoch_phase(record.get("report") or {})].append(score.recall[category][-1])
         score.shares["window tokens"].append(float((sections.get("window") or {}).get("tokens", 0)))
         score.shares["retrieved tokens"].append(float((retrieval or {}).get("tokens", 0)))
         score.shares["groups"].append(float(len((retrieval or {}).get("groups", []))))
@@ -323,6 +327,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
+def epoch_phase(report: dict[str, Any]) -> str:
+    """Where in its epoch a question was asked: the window's tokens against the limit it may fill."""
+    epoch = report.get("epoch")
+    if not isinstance(epoch, dict) or report.get("history_unchanged") or report.get("unchanged"):
+        return "as sent"
+    if epoch.get("new"):
+        return "an epoch began"
+    window = ((report.get("sections") or {}).get("window") or {}).get("tokens", 0)
+    share = window / max(int(epoch.get("limit_tokens") or 1), 1)
+    return "window under 1/3 of the budget" if share < 1 / 3 else "window 1/3 of the budget or more"
+
+
 def report(name: str, score: Score) -> dict[str, Any]:
     every = [v for values in score.recall.values() for v in values]
     row: dict[str, Any] = {
@@ -348,6 +364,9 @@ def report(name: str, score: Score) -> dict[str, Any]:
         f"max {row['tokens_max']}  retrieval p50 {row['retrieval_p50_ms']:.1f} ms "
         f"p95 {row['retrieval_p95_ms']:.1f} ms" + (f"  skipped {row['skipped']}" if score.skipped else "")
     )
+    row["phases"] = {p: (len(v), 100 * statistics.fmean(v)) for p, v in sorted(score.phases.items())}
+    phases = ", ".join(f"{p}: {n} questions, {r:.1f} %" for p, (n, r) in row["phases"].items())
+    print(f"{'':<22} recall by epoch phase: {phases}")
     row["allowances"] = dict(sorted(score.allowances.items()))
     print(f"{'':<22} retrieval asked for (tokens: questions): {row['allowances']}")
     shares = ", ".join(f"{name} {statistics.fmean(v):.0f}" for name, v in score.shares.items() if v)

@@ -160,8 +160,8 @@ class ContextConfig(_Frozen):
     enabled: bool = True
     budget_tokens: int = Field(default=16_000, gt=0)
     recent_tokens: int = Field(default=6_000, gt=0)
-    # The newest whole exchanges the window keeps whatever other sections ask for ("that", "the second
-    # option" refer to them); fewer only when they alone overflow the budget.
+    # The newest whole exchanges the window keeps, the budget yielding to them ("that", "the second
+    # option" refer to them; an agent's working state); fewer only past the model's context window.
     min_recent_exchanges: int = Field(default=2, ge=0)
     response_reserve_tokens: int = Field(default=4_000, ge=0)
     context_window_tokens: int | None = Field(default=None, gt=0)
