@@ -292,7 +292,7 @@ def summarise(run: Run, replay: Run, stretch: int) -> None:
     if reasons:
         print(
             f"    turns with a tail {sum(reasons.values())}: "
-            + ", ".join(f"{w or 'memory'} {n}" for w, n in reasons.items())
+            + ", ".join(f"{w or '(reason not reported)'} {n}" for w, n in reasons.items())
         )
     if run.background:
         bg = run.background

@@ -154,7 +154,7 @@ def test_the_tail_sits_right_before_the_question_and_the_stable_block_after_the_
     messages.append({"role": "user", "content": "ok"})
     upstream.fake.enqueue(Reply(content="fine"))
     client.chat.completions.create(model="gpt-4o", messages=messages)
-    wait_for_jobs(gateway)
+    wait_for_jobs(gateway, timeout=600)  # the history's embedding, slow on a busy 2-core machine
     messages += [
         {"role": "assistant", "content": "fine"},
         {"role": "user", "content": "What was the deploy key LK-4471-ZQ for again?"},
@@ -201,6 +201,17 @@ def test_a_short_chat_with_a_known_user_keeps_its_prefix_and_gets_memory_in_the_
     # The memory that bears on a question goes in the tail, for that turn only.
     assert _is_tail(sent[1][-2]) and "Okafor" in sent[1][-2]["content"]
     assert shares_prefix(sent[0], sent[1]) and shares_prefix(sent[1], sent[2])
+    # Deleting a memory ends the epochs that pinned it: the next turn's stable block no longer shows it.
+    vegetarian = next(
+        m["id"]
+        for m in httpx.get(f"{gateway.server.url}/api/memories", headers=auth).json()["data"]
+        if "vegetarian" in m["content"]
+    )
+    httpx.delete(f"{gateway.server.url}/api/memories/{vegetarian}", headers=auth).raise_for_status()
+    messages.append({"role": "user", "content": "One more thing."})
+    upstream.fake.enqueue(Reply(content="Sure."))
+    client.chat.completions.create(model="gpt-4o", messages=messages, extra_headers=user)
+    assert "vegetarian" not in str(upstream.fake.last_chat().body["messages"])
 
 
 def test_an_agent_keeps_its_newest_exchanges_when_its_system_prompt_outgrows_the_budget(

@@ -261,6 +261,11 @@ class MemorySection:
             return Proposal(detail=detail)
         text = "\n".join(lines)
         pin: JSONObject = {"memory_ids": [m.id for m in standing], "profile": profile_used}
+        if profile_used and found.profile is not None:
+            # The profile job rewrites it as memories are learnt: the epoch keeps the text it showed (the
+            # user's deletions drop the epoch; the user's own edit shows at once).
+            pin["profile_text"] = found.profile.shown
+            pin["profile_edited"] = _stamp(found.profile.edited_at)
         if digest:
             pin["digest"] = "\n".join(lines[len(lines) - len(digest) - 1 :])
         return Proposal(tokens=count(text), text=text, detail=detail, pin=pin)
@@ -284,7 +289,10 @@ class MemorySection:
         if pin.get("profile") and self.config.profile:
             found = await self.memories.profile(build.call.tenant, scope.user_id)
             if found is not None and found.shown:
-                lines.append(f"About this user (their profile):\n{found.shown}")
+                pinned = pin.get("profile_text")
+                edited = _stamp(found.edited_at) != pin.get("profile_edited")
+                shown = pinned if isinstance(pinned, str) and not edited else found.shown
+                lines.append(f"About this user (their profile):\n{shown}")
         if kept:
             lines += ["Standing preferences and facts:", *(_line(m) for m in kept)]
         digest = pin.get("digest")
@@ -362,6 +370,10 @@ def _take(
         return [], used
     lines += [title, *(line for _, line in taken)]
     return [memory for memory, _ in taken], used + cost
+
+
+def _stamp(when: datetime | None) -> str | None:
+    return when.isoformat() if when is not None else None
 
 
 def _rounded(similarity: float | None) -> float | None:

@@ -78,10 +78,11 @@ _MESSAGE_COLUMNS = (*_NODE_COLUMNS, col(MessageRow.content), col(MessageRow.crea
 _CONVERSATIONS = SQLModel.metadata.tables[str(ConversationRow.__tablename__)]
 _MESSAGES = SQLModel.metadata.tables[str(MessageRow.__tablename__)]
 _REQUESTS = SQLModel.metadata.tables[str(RequestRow.__tablename__)]
+_SUMMARIES = SQLModel.metadata.tables[str(SummaryRow.__tablename__)]
 # Everything that holds a conversation's words, deleted with it (the conversation row last).
 _OWNED_BY_CONVERSATION = (
     _MESSAGES,
-    SQLModel.metadata.tables[str(SummaryRow.__tablename__)],
+    _SUMMARIES,
     _REQUESTS,  # their reports name message ids
     SQLModel.metadata.tables[str(ResponseRow.__tablename__)],  # stored Responses hold the answers' text
     SQLModel.metadata.tables[str(CompactionCursorRow.__tablename__)],
@@ -556,6 +557,18 @@ def _forget_sent_context(connection: Connection, tenant: str, user_id: str) -> i
         update(_REQUESTS)
         .where(requests.tenant == tenant, requests.user_id == user_id, requests.sent_context.is_not(None))
         .values(sent_context=None)
+    )
+    # The user's prompt epochs pin what their stable blocks showed (a profile's text): a new epoch begins.
+    summaries = _SUMMARIES.c
+    conversations = sa_select(_CONVERSATIONS.c.id).where(
+        _CONVERSATIONS.c.tenant == tenant, _CONVERSATIONS.c.user_id == user_id
+    )
+    connection.execute(
+        delete(_SUMMARIES).where(
+            summaries.tenant == tenant,
+            summaries.level == "epoch",
+            summaries.conversation_id.in_(conversations),
+        )
     )
     return int(done.rowcount)
 
