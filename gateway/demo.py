@@ -72,10 +72,13 @@ def _sections(base: str, request_id: str) -> str:
 
 
 def _context(forwarded: list[Any]) -> str | None:
-    for message in forwarded:
-        if isinstance(message, dict) and "<gateway_context>" in str(message.get("content")):
-            return str(message["content"])
-    return None
+    """The gateway's blocks as sent: the stable one after the system prompt, the tail before the question."""
+    blocks = [
+        str(message["content"])
+        for message in forwarded
+        if isinstance(message, dict) and "<gateway_context>" in str(message.get("content"))
+    ]
+    return "\n".join(blocks) if blocks else None
 
 
 def run_demo(turns: int, echo: Callable[[str], None], *, keep: bool = False) -> int:

@@ -115,10 +115,14 @@ def test_a_rebuilt_request_stays_native_with_the_context_after_the_clients_syste
     sent = fake.last().body
     assert sent["tools"] == [TOOL] and sent["max_tokens"] == 100
     assert sent["system"][0] == system[0]  # the client's block, cache_control and all
-    assert "<gateway_context>" in sent["system"][-1]["text"] and len(sent["system"]) == 2
     assert len(sent["messages"]) < len(history)  # bounded
-    assert "Parcel P-3 is on its way." in sent["system"][-1]["text"]  # retrieved, in the context block
-    assert sent["messages"][-1] == {"role": "user", "content": "Where is parcel P-3 now, and order A-77?"}
+    # Retrieved history is the volatile tail: it opens the current user turn (Anthropic has no system
+    # role mid-conversation), so everything before that turn stays as the previous request sent it.
+    tail, question = sent["messages"][-1]["content"][0], sent["messages"][-1]["content"][-1]
+    assert sent["messages"][-1]["role"] == "user"
+    assert "<gateway_context>" in tail["text"] and "Parcel P-3 is on its way." in tail["text"]
+    assert question["text"] == "Where is parcel P-3 now, and order A-77?"
+    assert all("<gateway_context>" not in str(m["content"]) for m in sent["messages"][:-1])
 
     history.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]})
     history.append(

@@ -52,6 +52,18 @@ def _preview(message: StoredMessage) -> str:
     return text if len(text) <= PREVIEW else text[: PREVIEW - 1] + "…"
 
 
+def _memory_detail(sections: object) -> dict[str, object]:
+    """The memory the request sent, both parts of it: standing (the stable block) and relevant (the tail)."""
+    if not isinstance(sections, dict):
+        return {}
+    parts = [sections.get(name) for name in ("memory", "memory_relevant")]
+    found = [p for p in parts if isinstance(p, dict)]
+    return {
+        "standing": [i for p in found for i in p.get("standing") or []],
+        "relevant": [r for p in found for r in p.get("relevant") or []],
+    }
+
+
 async def _injected_memories(deps: Deps, tenant: str, detail: object) -> list[dict[str, object]]:
     """The memories a request's memory section sent, with why (standing, or relevant: score, similarity,
     reason) and their text as it is now (None: deleted since)."""
@@ -336,9 +348,7 @@ class Dashboard:
             sections=sections,
             sent=sent_messages(report, path, record.sent_context),
             groups=retrieved_groups(report, path),
-            memories=await _injected_memories(
-                deps, tenant.name, sections.get("memory") if isinstance(sections, dict) else None
-            ),
+            memories=await _injected_memories(deps, tenant.name, _memory_detail(sections)),
             report_json=orjson.dumps(report, option=orjson.OPT_INDENT_2).decode(),
         )
 

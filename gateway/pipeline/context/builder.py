@@ -129,8 +129,10 @@ class ContextBuilder:
             zone = await self._restore(
                 replace(build, history=history[:at], window=history[at:]), stable, pins
             )
-            reserve = tail_reserve if at else 0
-            if window_tokens is not None and zone.tokens + window_tokens + reserve <= available:
+            left = available - zone.tokens - (window_tokens or 0)
+            if window_tokens is not None and left >= (
+                _reserve(tail_reserve, left + zone.tokens) if at else 0
+            ):
                 start = at
                 epoch = {"start_id": path[at].node_id, "new": False}
             else:
@@ -142,13 +144,18 @@ class ContextBuilder:
             if fits:
                 start = 0
             else:
-                room = max(available - stable_room - tail_reserve, 0)
+                left = available - stable_room
+                room = max(left - _reserve(tail_reserve, left), 0)
                 start = new_start(history, int(room * EPOCH_FILL), self.config.min_recent_exchanges)
             window_tokens = known_tokens(history[start:])
+            # The stable block before the tail (the summary outranks retrieved history), the tail's
+            # reserve never more than half of what the window leaves.
+            left = available - window_tokens
             zone = await self._propose(
                 replace(build, history=history[:start], window=history[start:]),
                 stable,
-                max(min(stable_room, available - window_tokens - (tail_reserve if start else 0)), 0),
+                max(left - (_reserve(tail_reserve, left) if start else 0), 0),
+                scale,
             )
             epoch = {**epoch, "start_id": path[start].node_id if start < len(path) else None, "new": True}
             await self._pin(call, path, start, zone, epoch)
@@ -354,6 +361,12 @@ def _kept_context(stable: JSONObject | None, tail: JSONObject | None) -> JSONObj
     if tail is not None:
         kept["tail"] = tail
     return kept
+
+
+def _reserve(tail_reserve: int, left: int) -> int:
+    """Room kept for the volatile tail out of `left` (what the window leaves): its scaled allowance, at
+    most half (a small budget still gets its summary)."""
+    return min(tail_reserve, max(left, 0) // 2)
 
 
 def _seen_before(items: list[HistoryItem], appended: int) -> bool:
