@@ -87,7 +87,8 @@ class Run:
 
 def chat_turns(path: Path, count: int, answer_tokens: int) -> list[tuple[str, str]]:
     """(user message, answer) pairs from LoCoMo's turns in order: one turn as the question, the next
-    turns joined as the answer until it reaches `answer_tokens`."""
+    turns joined as the answer until it reaches `answer_tokens` (neighbouring exchanges may share a few
+    turns when the data is short for `count`)."""
     samples = json.loads(path.read_text())
     texts: list[str] = []
     for sample in samples:
@@ -100,15 +101,19 @@ def chat_turns(path: Path, count: int, answer_tokens: int) -> list[tuple[str, st
             texts += [str(turn["text"]) for turn in conversation[key] if turn.get("text")]
     encoding = load_encoding("o200k_base")
     out: list[tuple[str, str]] = []
+    # Each exchange starts `most` turns after the last at most, so a long chat never wraps around the
+    # data (text said again verbatim is a true match for retrieval); a short one uses each turn once.
+    most = max(len(texts) // count, 1)
     index = 0
     while len(out) < count:
         question = texts[index % len(texts)]
-        index += 1
         answer: list[str] = []
+        end = index + 1
         while len(encoding.encode_ordinary(" ".join(answer))) < answer_tokens:
-            answer.append(texts[index % len(texts)])
-            index += 1
+            answer.append(texts[end % len(texts)])
+            end += 1
         out.append((question, " ".join(answer)))
+        index = min(end, index + most)
     return out
 
 
