@@ -129,10 +129,10 @@ class ContextBuilder:
             zone = await self._restore(
                 replace(build, history=history[:at], window=history[at:]), stable, pins
             )
-            left = available - zone.tokens - (window_tokens or 0)
-            if window_tokens is not None and left >= (
-                _reserve(tail_reserve, left + zone.tokens) if at else 0
-            ):
+            # The tail's room is kept whatever the window has grown to: half of what the stable block
+            # leaves at most, as when the epoch began.
+            reserve = _reserve(tail_reserve, available - zone.tokens) if at else 0
+            if window_tokens is not None and zone.tokens + window_tokens + reserve <= available:
                 start = at
                 epoch = {"start_id": path[at].node_id, "new": False}
             else:
@@ -364,8 +364,8 @@ def _kept_context(stable: JSONObject | None, tail: JSONObject | None) -> JSONObj
 
 
 def _reserve(tail_reserve: int, left: int) -> int:
-    """Room kept for the volatile tail out of `left` (what the window leaves): its scaled allowance, at
-    most half (a small budget still gets its summary)."""
+    """Room kept for the volatile tail out of `left`: its scaled allowance, at most half (a small budget
+    still gets its summary and a window)."""
     return min(tail_reserve, max(left, 0) // 2)
 
 
