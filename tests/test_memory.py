@@ -591,7 +591,9 @@ def test_agentic_recall_leaves_the_clients_own_tools_and_streams_alone(
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
     assert forced.choices
-    assert [t["function"]["name"] for t in upstream.fake.last_chat().body["tools"]] == ["get_weather"]  # type: ignore[index, union-attr]
+    forced_sent = upstream.fake.last_chat().body
+    assert forced_sent["tools"] == sent["tools"]  # the same list: a tools list that flips breaks the cache
+    assert forced_sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     stream = client.chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi there"}], stream=True
     )

@@ -73,9 +73,10 @@ class OfferMemoryTool:
         body = payload.data
         if not self.config.agentic or call.state.memory is None or not call.answers_tools:
             return payload
-        choice = body.get("tool_choice")
-        if choice == "none" or isinstance(choice, dict) or _names(body.get("tools")) & TOOL_NAMES:
-            return payload  # the client forces its own tool, or has one of those names
+        if _names(body.get("tools")) & TOOL_NAMES:
+            return payload  # the client has a tool of that name
+        # Offered even where the client forces a tool or allows none (the model cannot call it then): a
+        # tools list that changes between turns breaks the provider's prompt cache.
         tools = body.get("tools")
         offered = [TOOL, CONVERSATION_TOOL] if self.conversations and call.state.user_id else [TOOL]
         call.state.memory_tool = True
