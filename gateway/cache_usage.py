@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.ports import JSON, JSONObject
+from gateway.prefix_ledger import CACHE_TTL_SECONDS, PreviousTurn
 
 STORED_KEY = "normalised"  # the key persist adds to a request's stored usage
 
@@ -127,10 +128,11 @@ CACHE_STEP_TOKENS = 128
 CACHE_MIN_TOKENS = 1024
 
 
-def miss_reason(report: JSONObject, reading: CacheUsage) -> str | None:
+def miss_reason(report: JSONObject, reading: CacheUsage, previous: PreviousTurn | None = None) -> str | None:
     """Why the provider's cache held less of the prompt than the previous turn also sent (the report's
     `cache_prefix_tokens`), or None when it held that much (what follows it is new, or the tail, by
-    design)."""
+    design). `previous`: when this conversation's previous turn came, and whether the client's own
+    prefix has changed since."""
     prefix = report.get("cache_prefix_tokens")
     if (
         not isinstance(prefix, int)
@@ -140,6 +142,14 @@ def miss_reason(report: JSONObject, reading: CacheUsage) -> str | None:
     epoch = report.get("epoch")
     if isinstance(epoch, dict) and epoch.get("new") and not report.get("history_unchanged"):
         return "an epoch began: the window moved and the stable block was rebuilt"
+    if isinstance(epoch, dict) and epoch.get("borrowed"):
+        return "the volatile tail took the window's room for a question about the past (this turn only)"
     if prefix < CACHE_MIN_TOKENS:
         return "the prefix is shorter than the provider caches"
-    return "the cache no longer held the prefix (expired or evicted), or the client changed it since its last turn"
+    if previous is None:
+        return "the cache no longer held the prefix (expired or evicted), or the client changed it since its last turn"
+    if previous.prefix_changed:
+        return "the client changed its prefix (model, system prompt or tools) since its last turn"
+    if previous.seconds_ago > CACHE_TTL_SECONDS:
+        return f"expired: {previous.seconds_ago / 60:.0f} minutes since the previous turn, past the provider's cache lifetime"
+    return "the provider evicted the prefix (within its lifetime, the client's prefix unchanged)"

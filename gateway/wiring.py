@@ -56,6 +56,7 @@ from gateway.ports import (
     Upstream,
     VectorIndex,
 )
+from gateway.prefix_ledger import PrefixLedger
 from gateway.records import (
     COMPACT,
     EMBED,
@@ -324,6 +325,7 @@ def build_pipeline(
             extract_delay=delay,
             titles=delay is not None and tenant.memory.recent_conversations > 0,
             counters=counters,
+            ledger=PrefixLedger(clock=lambda: clock().timestamp()),
         )
     ]
     return ChatPipeline(counters, prepare, complete)

@@ -39,6 +39,15 @@ def native_gateway(make_gateway: Callable[..., Gateway], server: BackgroundServe
     return make_gateway([tenant("claude", server.url, **upstream)])
 
 
+def compaction_runs(gateway: Gateway) -> float:
+    metrics = httpx.get(f"{gateway.server.url}/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("gateway_job_runs_total{") and 'kind="compact"' in line
+    )
+
+
 def stored(gateway: Gateway, conversation_id: str) -> list[dict[str, Any]]:
     nodes = api(gateway, f"/conversations/{conversation_id}/messages")["data"]
     return [node["message"] for node in sorted(nodes, key=lambda n: n["depth"])]
@@ -263,3 +272,55 @@ def test_the_memory_tool_is_not_offered_where_the_gateway_cannot_answer_it(
         sent.append((orjson.loads(fake.last().raw)["messages"], record["report"]["original_tokens"]))
     assert "memory_search" not in str(sent[0][0])
     assert sent[0] == sent[1]  # the same history kept, the same tokens counted, as without memory
+
+
+def test_the_providers_compaction_passes_through_and_nothing_is_folded_across_it(
+    claude: tuple[FakeAnthropic, BackgroundServer], make_gateway: Callable[..., Gateway]
+) -> None:
+    fake, server = claude
+    gateway = native_gateway(
+        make_gateway,
+        server,
+        context={"budget_tokens": 900, "recent_tokens": 300},
+        compaction={"threshold_tokens": 150, "chunk_tokens": 300, "summary_tokens": 200, "model": MODEL},
+    )
+    client = gateway.anthropic()
+    edits = {"edits": [{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50000}}]}
+    history: list[dict[str, Any]] = []
+    for n in range(40):
+        history.append({"role": "user", "content": f"Order question {n}: where is parcel P-{n}?"})
+        history.append({"role": "assistant", "content": f"Parcel P-{n} is on its way."})
+    history.append({"role": "user", "content": "Sum it up, then tell me about P-7."})
+    summary = "Summary: forty parcels, P-0 to P-39, all on their way."
+    fake.enqueue(Reply(text="P-7 is on its way.", compaction=summary))
+    with client.beta.messages.stream(
+        model=MODEL, max_tokens=50, messages=history, betas=["compact-2026-01-12"], context_management=edits
+    ) as stream:  # type: ignore[arg-type]
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["compaction", "text"]
+    assert fake.last().body["context_management"] == edits  # the client's fields reach the provider
+    recorded(gateway, stream.response.headers["x-gateway-request-id"])
+    answer = stored(gateway, conversation := stream.response.headers["x-conversation-id"])[-1]
+    assert answer["compaction_blocks"] == [{"type": "compaction", "content": summary}]
+    wait_for_jobs(gateway)  # the gateway may fold what came before any provider compaction
+    before = len(fake.received), compaction_runs(gateway)
+
+    # As Anthropic's docs say: the answer goes back whole, compaction block first, and the chat goes on.
+    history.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]})
+    history.append({"role": "user", "content": "And P-39?"})
+    response = client.beta.messages.with_raw_response.create(
+        model=MODEL, max_tokens=50, messages=history, betas=["compact-2026-01-12"], context_management=edits
+    )  # type: ignore[arg-type]
+    assert response.headers["x-conversation-id"] == conversation  # recognised with the block sent back
+    sent = fake.last().body
+    assert sent["messages"] == history  # as the client sent it: the provider reads from its own summary
+    assert sent["messages"][-2]["content"][0] == {"type": "compaction", "content": summary}
+    request_id = response.headers["x-gateway-request-id"]
+    recorded(gateway, request_id)
+    report = api(gateway, f"/requests/{request_id}")["report"]
+    assert report["unchanged"] is True
+    assert report["provider_compaction"] == {"message": len(history) - 2}
+    wait_for_jobs(gateway)
+    # The request itself went upstream, and no compaction of the gateway's own was queued.
+    assert (len(fake.received), compaction_runs(gateway)) == (before[0] + 1, before[1])
+    assert [m["role"] for m in stored(gateway, conversation)][-3:] == ["assistant", "user", "assistant"]

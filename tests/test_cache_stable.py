@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 
 from gateway.fakes.openai_upstream import Reply
-from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
+from gateway.fakes.prompt_cache import PromptCache
+from tests.conftest import GATEWAY_KEY, Clock, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
 
 WORDS = [
     "the",
@@ -223,3 +225,89 @@ def test_an_agent_keeps_its_newest_exchanges_when_its_system_prompt_outgrows_the
     first_question = text(0, 30)
     assert any(m.get("content") == first_question for m in sent[1]), "turn 2 lost turn 1"
     assert any(m.get("content") == text(1, 30) for m in sent[2])
+
+
+def test_a_cache_miss_says_whether_the_client_changed_its_prefix_the_cache_expired_or_was_evicted(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    clock = Clock(datetime(2026, 5, 1, 9, 0, tzinfo=UTC))
+    cache_time = [0.0]
+    upstream.fake.prompt_cache.clock = lambda: cache_time[0]
+    gateway = make_gateway([tenant("acme", upstream.base_url, **NO_EXTRAS)], clock=clock)
+    client = gateway.client()
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    messages: list[dict[str, Any]] = [{"role": "system", "content": text(0, 1500)}]  # a cacheable prefix
+    misses: list[str] = []
+    for turn in range(6):
+        if turn == 4:  # ten minutes later: past the provider's five
+            clock.now += timedelta(minutes=10)
+            cache_time[0] += 600
+        if turn == 5:  # the provider dropped it early
+            upstream.fake.prompt_cache = PromptCache(clock=lambda: cache_time[0])
+        messages.append({"role": "user", "content": text(turn, 30)})
+        upstream.fake.enqueue(Reply(content=text(1000 + turn, 60)))
+        raw = client.chat.completions.with_raw_response.create(
+            model="gpt-4o",
+            messages=messages,  # type: ignore[arg-type]
+            **({"tools": [weather]} if turn >= 3 else {}),  # turn 3: the client adds a tool
+        )
+        messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content or ""})
+        recorded(gateway, request_id := raw.headers["x-gateway-request-id"])
+        misses.append(str(api(gateway, f"/requests/{request_id}")["report"].get("cache", {}).get("miss", "")))
+    assert misses[:3] == ["", "", ""], misses  # the first turn expects nothing cached; then hits
+    assert "the client changed its prefix" in misses[3], misses
+    assert misses[4].startswith("expired: 10 minutes since the previous turn"), misses
+    assert "the provider evicted the prefix" in misses[5], misses
+
+
+def test_a_question_about_the_past_borrows_the_windows_room_for_its_turn_alone(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = make_gateway(
+        [
+            tenant(
+                "acme",
+                upstream.base_url,
+                context={"budget_tokens": 3000},
+                compaction={"enabled": False},
+                retrieval={"enabled": True},
+            )
+        ],
+        jobs={"poll_seconds": 0.05},
+    )
+    client = gateway.client()
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "The deploy key for the ledger service is LK-4471-ZQ, note it."},
+        {"role": "assistant", "content": "Noted."},
+    ]
+    for turn in range(30):
+        messages += [
+            {"role": "user", "content": text(turn, 30)},
+            {"role": "assistant", "content": text(500 + turn, 150)},
+        ]
+    messages.append({"role": "user", "content": "ok"})
+    upstream.fake.enqueue(Reply(content="fine"))
+    client.chat.completions.create(model="gpt-4o", messages=messages)
+    wait_for_jobs(gateway, timeout=600)  # the history's embedding, slow on a busy 2-core machine
+    before = upstream.fake.last_chat().body["messages"]
+
+    def ask(question: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        messages.extend([{"role": "assistant", "content": "fine"}, {"role": "user", "content": question}])
+        upstream.fake.enqueue(Reply(content="fine"))
+        raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
+        recorded(gateway, request_id := raw.headers["x-gateway-request-id"])
+        return upstream.fake.last_chat().body["messages"], api(gateway, f"/requests/{request_id}")["report"]
+
+    for turn in range(4):  # the epoch's window grows towards the tail's reserve
+        ask(text(200 + turn, 150))
+    ask("thanks")
+    before, _ = ask("thanks")  # the window's newest exchanges are short: giving way pays
+    sent, report = ask("What was the deploy key of the ledger service that I told you to note?")
+    borrowed = report["epoch"]["borrowed"]
+    assert report["epoch"]["new"] is False and borrowed["window_start"] > report["epoch"]["window_start"]
+    assert _is_tail(sent[-2]) and "LK-4471-ZQ" in sent[-2]["content"]
+    assert len(sent) < len(before)  # the window gave way for this turn
+    after, report = ask(text(99, 30))  # a statement: the epoch's window again, its prefix as cached before
+    assert "borrowed" not in report["epoch"]
+    assert shares_prefix(before, after)

@@ -137,3 +137,26 @@ def test_a_long_history_is_rebuilt_natively_with_the_context_as_a_developer_mess
         "role": "user",
         "content": "Which error did make_release.sh fail with?",
     }
+
+
+def test_openais_compaction_item_makes_a_long_history_go_as_sent(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    gateway = native(make_gateway, upstream, context={"budget_tokens": 700}, compaction={"enabled": False})
+    items: list[dict[str, Any]] = []
+    for n in range(80):
+        items += [
+            {"role": "user", "content": f"Chat {n} about lunch and the weather."},
+            {"role": "assistant", "content": f"Lunch note {n}."},
+        ]
+    # What `responses.compact` gave back: the provider's own summary, encrypted; the history goes on after it.
+    items += [
+        {"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAA-opaque"},
+        {"role": "user", "content": "Where were we?"},
+    ]
+    response = gateway.client().responses.with_raw_response.create(model=MODEL, input=items)  # type: ignore[arg-type]
+    sent = last_responses_call(upstream).body
+    assert sent["input"] == items  # over the budget, yet as sent: the provider reads from its summary on
+    recorded(gateway, request_id := response.headers["x-gateway-request-id"])
+    report = api(gateway, f"/requests/{request_id}")["report"]
+    assert report["unchanged"] is True and report["provider_compaction"] == {"message": 160}

@@ -44,6 +44,7 @@ class Reply:
     text: str | None = "Hello from the fake Anthropic upstream."
     tool_uses: tuple[ToolUse, ...] = ()
     thinking: str | None = None  # a signed thinking block before the text
+    compaction: str | None = None  # the provider's compaction block (its summary), opening the answer
     status: int = 200
     error_type: str = "api_error"
     error_message: str = "fake upstream error"
@@ -201,6 +202,8 @@ def _sse(event: str, data: JSONObject) -> bytes:
 
 def _message(message_id: str, model: str, reply: Reply, measured: CacheUsage) -> JSONObject:
     content: list[JSON] = []
+    if reply.compaction is not None:
+        content.append({"type": "compaction", "content": reply.compaction})
     if reply.thinking:
         content.append({"type": "thinking", "thinking": reply.thinking, "signature": THINKING_SIGNATURE})
     if reply.text:
@@ -238,6 +241,11 @@ def _events(message: JSONObject, reply: Reply) -> list[bytes]:
     }
     events = [_sse("message_start", {"type": "message_start", "message": start})]
     index = 0
+    if reply.compaction is not None:  # started empty, then the whole summary in one delta
+        events.append(_block_start(index, {"type": "compaction", "content": ""}))
+        events.append(_block_delta(index, {"type": "compaction_delta", "content": reply.compaction}))
+        events.append(_block_stop(index))
+        index += 1
     if reply.thinking:
         events.append(_block_start(index, {"type": "thinking", "thinking": "", "signature": ""}))
         events.append(_block_delta(index, {"type": "thinking_delta", "thinking": reply.thinking}))

@@ -1,7 +1,7 @@
 """The pipeline's chat form and what a chat upstream may be sent of it.
 
 The store keeps what each front door's client sent, losslessly: besides the chat fields, `thinking_blocks`
-(Anthropic thinking, signed), `is_error` on tool results and `cache_control` on content parts (Anthropic),
+(Anthropic thinking, signed), `compaction_blocks` (Anthropic's own summary of what came before), `is_error` on tool results and `cache_control` on content parts (Anthropic),
 `response_items` and `trailing_items` (Responses items with no chat message: reasoning, built-in tool calls). A plain OpenAI-compatible server may refuse those, so `plain_chat` drops
 them before a request goes to one.
 """

@@ -188,12 +188,18 @@ def _assistant(content: JSON, where: str) -> JSONObject:
     texts: list[JSON] = []
     calls: list[JSON] = []
     thinking: list[JSON] = []
+    compaction: list[JSON] = []
     for index, block in enumerate(content):
         spot = f"{where}.content.{index}"
         if not isinstance(block, dict):
             raise _fail(spot, "Input should be an object")
         kind = block.get("type")
-        if kind == "text":
+        if kind == "compaction":
+            content_of = block.get("content")
+            if content_of is not None and not isinstance(content_of, str):
+                raise _fail(f"{spot}.content", "Input should be a string or null")
+            compaction.append(block)  # the provider's own summary: sent back verbatim
+        elif kind == "text":
             texts.append(_text_part(block, spot))
         elif kind == "tool_use":
             name, call_id = block.get("name"), block.get("id")
@@ -213,13 +219,15 @@ def _assistant(content: JSON, where: str) -> JSONObject:
             raise _fail(
                 f"{spot}.type",
                 f"unsupported content block type {kind!r} in an assistant message "
-                "(text, tool_use, thinking and redacted_thinking are accepted)",
+                "(text, tool_use, thinking, redacted_thinking and compaction are accepted)",
             )
     message: JSONObject = {"role": "assistant", "content": _compact(texts) if texts else None}
     if calls:
         message["tool_calls"] = calls
     if thinking:
         message["thinking_blocks"] = thinking
+    if compaction:
+        message["compaction_blocks"] = compaction
     return message
 
 

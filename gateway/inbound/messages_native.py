@@ -32,6 +32,7 @@ _FINISH = {
     "tool_use": "tool_calls",
     "refusal": "content_filter",
     "pause_turn": "stop",
+    "compaction": "stop",  # paused after the provider compacted (pause_after_compaction)
 }
 
 
@@ -79,9 +80,10 @@ def _blocks(content: JSON) -> list[JSON]:
 
 def _assistant(message: JSONObject) -> list[JSON]:
     blocks: list[JSON] = []
-    thinking = message.get("thinking_blocks")
-    if isinstance(thinking, list):
-        blocks.extend(b for b in thinking if isinstance(b, dict))
+    for key in ("compaction_blocks", "thinking_blocks"):  # a compaction opens the answer it came with
+        kept = message.get(key)
+        if isinstance(kept, list):
+            blocks.extend(b for b in kept if isinstance(b, dict))
     blocks.extend(_blocks(message.get("content")))
     for call in calls_of(message):
         blocks.append(
@@ -250,10 +252,12 @@ def _merged_usage(before: JSON, usage: JSONObject) -> JSONObject:
 
 
 def choice_of(message: JSONObject) -> JSONObject:
-    """An Anthropic message as a chat choice (thinking kept in `thinking_blocks`, as messages_in does)."""
+    """An Anthropic message as a chat choice (thinking kept in `thinking_blocks` and the provider's
+    compaction in `compaction_blocks`, as messages_in does)."""
     texts: list[str] = []
     calls: list[JSON] = []
     thinking: list[JSON] = []
+    compaction: list[JSON] = []
     content = message.get("content")
     for block in content if isinstance(content, list) else []:
         if not isinstance(block, dict):
@@ -272,11 +276,15 @@ def choice_of(message: JSONObject) -> JSONObject:
             )
         elif kind in ("thinking", "redacted_thinking"):
             thinking.append(block)
+        elif kind == "compaction":
+            compaction.append(block)
     chat: JSONObject = {"role": "assistant", "content": "".join(texts) if texts else None}
     if calls:
         chat["tool_calls"] = calls
     if thinking:
         chat["thinking_blocks"] = thinking
+    if compaction:
+        chat["compaction_blocks"] = compaction
     stop = message.get("stop_reason")
     finish = _FINISH.get(stop, "stop") if isinstance(stop, str) else None
     return {"index": 0, "message": chat, "finish_reason": finish}
@@ -352,6 +360,8 @@ class MessageAccumulator:
             self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
         elif kind == "thinking_delta":
             block["thinking"] = str(block.get("thinking", "")) + str(delta.get("thinking", ""))
+        elif kind == "compaction_delta":  # the whole summary in one delta
+            block["content"] = delta.get("content")
         elif kind == "signature_delta":
             block["signature"] = str(block.get("signature", "")) + str(delta.get("signature", ""))
         elif kind == "citations_delta" and isinstance(delta.get("citation"), dict):
@@ -391,7 +401,10 @@ class NativeRelay(EventRelay):
         choice = choice_of(accumulator.message)
         message = choice["message"]
         has_any = isinstance(message, dict) and bool(
-            message.get("content") or message.get("tool_calls") or message.get("thinking_blocks")
+            message.get("content")
+            or message.get("tool_calls")
+            or message.get("thinking_blocks")
+            or message.get("compaction_blocks")
         )
         status: OutcomeStatus = "complete" if complete else ("partial" if has_any else "failed")
         if not complete:

@@ -79,6 +79,9 @@ class CallState:
     # chat `messages` (the end of the stable prefix, the end of the window); the Anthropic doors mark the
     # last content block of each, within Anthropic's limit of four with the client's own.
     cache_breaks: tuple[int, ...] = ()
+    # The history holds the provider's own compaction (provider_compaction.py): forwarded as sent, and
+    # the gateway queues no summary of its own across it.
+    provider_compaction: bool = False
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.canonical import chain_hashes
 from gateway.pipeline.compaction import CompactionPolicy
 from gateway.ports import JSONObject, MessageStore, Tokenizers
+from gateway.prefix_ledger import PrefixLedger, client_prefix
 from gateway.records import (
     EMBED,
     TITLE_EVERY_MESSAGES,
@@ -45,6 +46,7 @@ class PersistStep:
     extract_delay: float | None = None
     titles: bool = False  # queue title jobs (the memory section's digest of recent conversations)
     counters: Counters | None = None  # where the upstream's input tokens are counted by cache kind
+    ledger: PrefixLedger | None = None  # each conversation's previous turn: why a cache miss happened
 
     async def __call__(self, call: ChatCall, outcome: ChatOutcome) -> None:
         state = call.state
@@ -73,7 +75,11 @@ class PersistStep:
                 remember=not state.incognito,
             )
             policy = self.compaction
-            if policy is not None and policy.due(new.path_tokens, state.summary_path_tokens):
+            if (
+                policy is not None
+                and not state.provider_compaction
+                and policy.due(new.path_tokens, state.summary_path_tokens)
+            ):
                 jobs = (compact_job(call.tenant, state.conversation_id, new.id, model),)
             if self.index:
                 jobs += (EmbedWork(state.conversation_id, new.id, state.appended + 1).job(call.tenant),)
@@ -110,7 +116,12 @@ class PersistStep:
         if reading is not None:
             if report is not None:
                 cache = reading.report()
-                if (miss := miss_reason(report, reading)) is not None:
+                previous = (
+                    self.ledger.turn(state.conversation_id, client_prefix(call.body))
+                    if self.ledger is not None and state.conversation_id is not None
+                    else None
+                )
+                if (miss := miss_reason(report, reading, previous)) is not None:
                     cache["miss"] = miss
                 report = {**report, "cache": cache}
             if self.counters is not None:
@@ -177,8 +188,8 @@ def _answer_message(outcome: ChatOutcome) -> JSONObject | None:
         return None
     content = message.get("content")
     calls = message.get("tool_calls")
-    if not content and not calls and not message.get("response_items"):
-        return None
+    if not content and not calls and not any(message.get(k) for k in ("response_items", "compaction_blocks")):
+        return None  # nothing the client would send back (a compaction alone is: it paused after it)
     out: JSONObject = {"role": "assistant", "content": content}
     if calls:
         out["tool_calls"] = calls
@@ -190,6 +201,6 @@ def _answer_message(outcome: ChatOutcome) -> JSONObject | None:
 
 
 # What a front door's chat form keeps beside the chat fields (inbound/chat_form.py): Anthropic's signed
-# thinking blocks, Responses items with no chat message (reasoning, built-in tool calls). The provider
-# wants them back on the next turn.
-_KEPT = ("thinking_blocks", "response_items", "trailing_items")
+# thinking blocks and its compaction, Responses items with no chat message (reasoning, built-in tool
+# calls, compaction). The provider wants them back on the next turn.
+_KEPT = ("thinking_blocks", "compaction_blocks", "response_items", "trailing_items")

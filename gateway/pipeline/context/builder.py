@@ -34,6 +34,7 @@ from gateway.pipeline.context.block import (
 from gateway.pipeline.context.budget import Budget, compute_budget
 from gateway.pipeline.context.epoch import EPOCH_FILL, current_epoch, new_start
 from gateway.pipeline.context.exchanges import split_current, trim_current
+from gateway.pipeline.context.provider_compaction import compacted_at
 from gateway.pipeline.context.section import BuildInput, Proposal, Section, StableSection
 from gateway.pipeline.context.window import newest_exchanges_tokens
 from gateway.ports import JSON, ChatPayload, EpochStore, JSONObject, ModelCatalog, Tokenizers
@@ -85,6 +86,14 @@ class ContextBuilder:
         fixed_extra = REPLY_PRIMING_TOKENS + (tokenizer.count(orjson.dumps(tools).decode()) if tools else 0)
         original = state.history_tokens + fixed_extra
         state.original_tokens = original
+        compacted = compacted_at([item.message for item in state.items])
+        if compacted is not None:
+            # The provider manages this history (it reads from its own summary on): the client's bytes.
+            state.provider_compaction = True
+            self._unchanged(call, payload, budget, original)
+            assert state.report is not None
+            state.report["provider_compaction"] = {"message": compacted}
+            return payload
         fits = original <= budget.input_tokens
         stable = [s for s in self.stable if not fits or s.name in self.always]
         tail = [s for s in self.tail if not fits or s.name in self.always]
@@ -159,14 +168,41 @@ class ContextBuilder:
             )
             epoch = {**epoch, "start_id": path[start].node_id if start < len(path) else None, "new": True}
             await self._pin(call, path, start, zone, epoch)
+        sent_start = start
         window = history[start:]
         window_tokens = known_tokens(window)
 
         # The volatile tail: what this question needs from before the window, in what the rest leaves.
-        room = available - zone.tokens - window_tokens
         above = [*zone.texts]
         tail_build = replace(build, window=window, above=above)
-        tail_zone = await self._propose(tail_build, tail, max(room, 0), scale, TAIL_HEADER)
+        planned = [await _planned(section, tail_build) for section in tail]
+        need = sum(int(w * scale) for w, _ in planned) + framing_tokens(tokenizer, len(tail), TAIL_HEADER)
+        if zone.tokens + window_tokens + need > available and any(
+            w > s.allowance for (w, _), s in zip(planned, tail, strict=True)
+        ):
+            # A question about the past may take the window's room for this turn: the window gives way
+            # down to its newest exchanges; the epoch, and so the next turn's prefix, stays as it was.
+            # Only where the history it gains outweighs the window it re-sends uncached (a small budget;
+            # under a large one the tail's reserve holds enough: benchmarks/cache.py, locomo.py).
+            sent_start = max(
+                start,
+                new_start(history, max(available - zone.tokens - need, 0), self.config.min_recent_exchanges),
+            )
+            kept = known_tokens(history[sent_start:])
+            gained = min(need, available - zone.tokens - kept) - (available - zone.tokens - window_tokens)
+            if sent_start > start and gained >= kept:
+                epoch["borrowed"] = {
+                    "window_start": sent_start,
+                    "tokens": known_tokens(history[start:sent_start]),
+                }
+                window = history[sent_start:]
+                window_tokens = known_tokens(window)
+                tail_build = replace(tail_build, window=window)
+                # Planned again over the smaller window: what it gave up is old history now, to search.
+                again = [await _planned(section, tail_build) for section in tail]
+                planned = [(want, a + b) for (_, a), (want, b) in zip(planned, again, strict=True)]
+        room = available - zone.tokens - window_tokens
+        tail_zone = await self._propose(tail_build, tail, max(room, 0), scale, TAIL_HEADER, planned)
         if fits and not zone.proposals and not tail_zone.proposals:
             return self._unchanged(call, payload, budget, original, zone.reported | tail_zone.reported)
 
@@ -189,7 +225,7 @@ class ContextBuilder:
         state.summary_path_tokens = max(covered, _summarised_tokens(zone.reported))
         shown = {i for _, p in tail_zone.proposals for i in p.verbatim_ids}
         summarised = _index_after(history, [p.covers_through for _, p in zone.proposals if p.covers_through])
-        cut = [item for item in history[summarised:start] if item.node_id not in shown]
+        cut = [item for item in history[summarised:sent_start] if item.node_id not in shown]
         retrieved_tokens = known_tokens([i for i in history if i.node_id in shown])
         history_tokens = state.history_tokens - system_tokens - current_tokens - covered
         sections: dict[str, JSONObject] = {
@@ -215,8 +251,13 @@ class ContextBuilder:
         )  # fmt: skip
         state.report["epoch"] = {**epoch, "window_start": start, "limit_tokens": limit}
         # What the previous turn sent too: all but the window's newest exchange (its answer is new).
+        epoch_window = history[start:]  # what the previous turn sent, even when the tail borrowed from it
         prefix = (
-            fixed_extra + system_tokens + zone.tokens + window_tokens - newest_exchanges_tokens(window, 1)
+            fixed_extra
+            + system_tokens
+            + zone.tokens
+            + known_tokens(epoch_window)
+            - newest_exchanges_tokens(epoch_window, 1)
         )
         state.report["cache_prefix_tokens"] = prefix if _seen_before(state.items, state.appended) else 0
         if fits and start == 0:
@@ -308,17 +349,23 @@ class ContextBuilder:
         room: int,
         scale: float = 1.0,
         header: str = INJECTED_HEADER,
+        planned: Sequence[tuple[int, float]] | None = None,
     ) -> _Zone:
-        """Each section in priority order, within its scaled ask plus what higher sections left, the
-        whole block (framing included) within `room`."""
+        """Each section in priority order, within its scaled ask (from `planned`: each section's ask and
+        the seconds its plan took, when already planned) plus what higher sections left, the whole block
+        (framing included) within `room`."""
         zone = _Zone()
         if not sections:
             return zone
         spare = max(room - framing_tokens(build.tokenizer, len(sections), header), 0)
         carry = 0
-        for section in sections:
-            started = time.perf_counter()
-            want = await section.plan(build)
+        for position, section in enumerate(sections):
+            if planned is not None:
+                want, took = planned[position]
+                started = time.perf_counter() - took
+            else:
+                started = time.perf_counter()
+                want = await section.plan(build)
             # Its own scaled share (a `whole` section: its whole ask, up to half of what is spare) plus
             # what higher sections left.
             share = int(want * scale)
@@ -361,6 +408,13 @@ def _kept_context(stable: JSONObject | None, tail: JSONObject | None) -> JSONObj
     if tail is not None:
         kept["tail"] = tail
     return kept
+
+
+async def _planned(section: Section, build: BuildInput) -> tuple[int, float]:
+    """A section's ask for this build, and the seconds its plan took (reported as its own time)."""
+    started = time.perf_counter()
+    want = await section.plan(build)
+    return want, time.perf_counter() - started
 
 
 def _reserve(tail_reserve: int, left: int) -> int:

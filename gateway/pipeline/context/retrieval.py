@@ -42,10 +42,11 @@ RRF_K = 30  # measured on LoCoMo (benchmarks/locomo.py): 30 ranked a little bett
 # A question that neither points at the past nor names an exact term gets history only when the best
 # semantic match is at least this close (cosine); below it the tokens go to the recent window instead.
 MIN_SIMILARITY = 0.35
-# A question, not a statement: a question mark (any script's), or an opening interrogative word.
+# A question, not a statement: a question mark (any script's), an opening interrogative word, or a
+# Chinese interrogative (questions there often go without a mark).
 _ASKS = re.compile(
     r"[?\uff1f]|^\s*(?:what|when|where|who|whom|which|why|how|do|does|did|have|has|had|is|are|was|were|can|could|"
-    r"would|should|will)\b",
+    r"would|should|will)\b|什么|怎么|为什么|为何|哪|谁|多少|吗\W*$",
     re.I,
 )
 # A match this close (cosine) in old history is worth more room than the recent window's tail.
@@ -179,8 +180,18 @@ class RetrievalSection:
             _ASKS.search(_question(build.current)) is not None
         )  # a statement in the past tense is no recall
         past = facts.time_range is not None or (asks and found.best_similarity >= fair)
-        if (facts.about_past and past) or old_only:
-            found.detail["why"] = "terms only old messages hold" if old_only else "a question about the past"
+        # A question that old messages answer closely is one about the past too, in any tense.
+        close_question = asks and found.best_similarity >= self.band[1]
+        if (facts.about_past and past) or old_only or close_question:
+            found.detail["why"] = (
+                "terms only old messages hold"
+                if old_only
+                else (
+                    "a question about the past"
+                    if facts.about_past and past
+                    else "a question close to old messages"
+                )
+            )
             return self.config.recall_allowance_tokens
         other_best = max((h.score for h in found.other.semantic), default=0.0) if found.other else 0.0
         if max(found.best_similarity, other_best) >= self.tail_similarity:
