@@ -35,9 +35,17 @@ from gateway.pipeline.context.budget import Budget, compute_budget
 from gateway.pipeline.context.epoch import EPOCH_FILL, current_epoch, new_start
 from gateway.pipeline.context.exchanges import split_current, trim_current
 from gateway.pipeline.context.provider_compaction import compacted_at
+from gateway.pipeline.context.report import (
+    as_sent,
+    cut_range,
+    kept_context,
+    known_tokens,
+    leading_system,
+    report_of,
+)
 from gateway.pipeline.context.section import BuildInput, Proposal, Section, StableSection
 from gateway.pipeline.context.window import newest_exchanges_tokens
-from gateway.ports import JSON, ChatPayload, EpochStore, JSONObject, ModelCatalog, Tokenizers
+from gateway.ports import ChatPayload, EpochStore, JSONObject, ModelCatalog, Tokenizers
 from gateway.tracing import spanned
 
 REPLY_PRIMING_TOKENS = 3
@@ -100,7 +108,7 @@ class ContextBuilder:
         if fits and not stable and not tail:
             return self._unchanged(call, payload, budget, original)
 
-        leading = _leading_system(state.items)
+        leading = leading_system(state.items)
         for item in state.items[:leading]:
             if item.tokens is None:  # a stored system prompt whose count was not read: it is sent
                 item.tokens = tokenizer.count_message(item.message)
@@ -245,9 +253,9 @@ class ContextBuilder:
             },
         }
         state.sent_tokens = sent
-        state.report = _report(
+        state.report = report_of(
             budget, original, sent, unchanged=False, sections=sections,
-            cut=_cut(cut, max(history_tokens - window_tokens - retrieved_tokens, 0)),
+            cut=cut_range(cut, max(history_tokens - window_tokens - retrieved_tokens, 0)),
         )  # fmt: skip
         state.report["epoch"] = {**epoch, "window_start": start, "limit_tokens": limit}
         # What the previous turn sent too: all but the window's newest exchange (its answer is new).
@@ -275,7 +283,7 @@ class ContextBuilder:
             if tail_block is not None
             else None,
         }
-        state.sent_context = _kept_context(stable_block, tail_block)
+        state.sent_context = kept_context(stable_block, tail_block)
         return ChatPayload({**body, "messages": [item.message for item in messages]})
 
     def _unchanged(
@@ -289,11 +297,11 @@ class ContextBuilder:
         """The request as the client sent it: the exact client bytes go out."""
         state = call.state
         state.sent_tokens = original
-        state.report = _report(
-            budget, original, original, unchanged=True, sections=reported or {}, cut=_cut([], 0)
+        state.report = report_of(
+            budget, original, original, unchanged=True, sections=reported or {}, cut=cut_range([], 0)
         )
-        state.report["sent"] = _as_sent(state.items, None)
-        history, current = split_current(state.items[_leading_system(state.items) :])
+        state.report["sent"] = as_sent(state.items, None)
+        history, current = split_current(state.items[leading_system(state.items) :])
         prefix = max(original - known_tokens(current) - newest_exchanges_tokens(history, 1), 0)
         state.report["cache_prefix_tokens"] = prefix if _seen_before(state.items, state.appended) else 0
         return payload
@@ -399,17 +407,6 @@ class ContextBuilder:
         return zone
 
 
-def _kept_context(stable: JSONObject | None, tail: JSONObject | None) -> JSONObject | None:
-    """The injected blocks as kept with the request record (forgotten when a memory they held is
-    deleted): the stable block as the message, the tail under "tail"."""
-    if stable is None and tail is None:
-        return None
-    kept: JSONObject = dict(stable) if stable is not None else {}
-    if tail is not None:
-        kept["tail"] = tail
-    return kept
-
-
 async def _planned(section: Section, build: BuildInput) -> tuple[int, float]:
     """A section's ask for this build, and the seconds its plan took (reported as its own time)."""
     started = time.perf_counter()
@@ -433,14 +430,6 @@ def _tokens_or_none(items: list[HistoryItem]) -> int | None:
     return None if None in counts else sum(c for c in counts if c is not None)
 
 
-def _as_sent(items: list[HistoryItem], context_at: int | None) -> JSONObject:
-    """The layout of a history sent as the client sent it: the stored path, after the leading messages
-    the store does not hold (the system prompt, outside the chain), which go in whole."""
-    leading = _leading_system(items)
-    unstored: list[JSON] = [item.message for item in items[:leading] if item.node_id is None]
-    return {"as_sent": True, "context_at": context_at, "leading": unstored}
-
-
 def _index_after(history: list[HistoryItem], node_ids: list[str | None]) -> int:
     """Index in `history` right after the deepest of `node_ids` (0 when none is on it)."""
     wanted = {n for n in node_ids if n is not None}
@@ -460,48 +449,3 @@ def _summarised_tokens(reported: dict[str, JSONObject]) -> int:
     it: judged by what was sent, most answers queued a compaction job that found nothing to fold)."""
     covered = [d.get(k) for d in reported.values() for k in ("covers_tokens", "newest_covers_tokens")]
     return max((c for c in covered if isinstance(c, int) and not isinstance(c, bool)), default=0)
-
-
-def known_tokens(items: list[HistoryItem]) -> int:
-    return sum(item.tokens or 0 for item in items)
-
-
-def _leading_system(items: list[HistoryItem]) -> int:
-    count = 0
-    for item in items:
-        if item.message.get("role") not in ("system", "developer"):
-            break
-        count += 1
-    return count
-
-
-def _cut(items: list[HistoryItem], tokens: int) -> JSONObject:
-    """The cut messages form one stretch of the path (oldest first): kept as a range, not a list."""
-    return {
-        "messages": len(items),
-        "tokens": tokens,
-        "from_id": next((i.node_id for i in items if i.node_id is not None), None),
-        "to_id": next((i.node_id for i in reversed(items) if i.node_id is not None), None),
-    }
-
-
-def _report(
-    budget: Budget,
-    original: int,
-    sent: int,
-    *,
-    unchanged: bool,
-    sections: dict[str, JSONObject],
-    cut: JSONObject,
-) -> JSONObject:
-    return {
-        "unchanged": unchanged,
-        "budget_tokens": budget.input_tokens,
-        "context_window": budget.context_window,
-        "reserve_tokens": budget.reserve_tokens,
-        "original_tokens": original,
-        "sent_tokens": sent,
-        "over_budget": sent > budget.input_tokens,
-        "sections": sections,  # type: ignore[dict-item]
-        "cut": cut,
-    }
