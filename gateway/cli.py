@@ -27,22 +27,15 @@ DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 
 def default_config(env: dict[str, str]) -> GatewayConfig:
     """No config file: one open tenant passing each client's own key through to OpenAI (or
-    `OPENAI_BASE_URL`), on the embedded storage defaults."""
-    return parse_config(
-        {
-            "tenants": [
-                {
-                    "name": "default",
-                    "api_keys": [],
-                    "upstream": {
-                        "base_url": env.get("OPENAI_BASE_URL", DEFAULT_UPSTREAM),
-                        "pass_through_client_key": True,
-                    },
-                }
-            ]
-        },
-        env,
-    )
+    `OPENAI_BASE_URL`), on the embedded storage defaults; with `OPENAI_API_KEY` set, the gateway's own
+    background calls (summaries, memory) use that key, so every feature is on."""
+    upstream: dict[str, Any] = {
+        "base_url": env.get("OPENAI_BASE_URL", DEFAULT_UPSTREAM),
+        "pass_through_client_key": True,
+    }
+    if env.get("OPENAI_API_KEY"):
+        upstream["api_key"] = env["OPENAI_API_KEY"]
+    return parse_config({"tenants": [{"name": "default", "api_keys": [], "upstream": upstream}]}, env)
 
 
 def resolve_config(path: str | None) -> GatewayConfig:
@@ -90,11 +83,15 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
                 'tracing.otlp_endpoint is set but OpenTelemetry is not installed: pip install "context-gateway[otel]"'
             ) from exc
     _raise_open_file_limit(config)
+    from gateway.startup import startup_block
+
+    host, port = host or config.server.host, port or config.server.port
     if not (config_path or os.environ.get("GATEWAY_CONFIG")):
-        click.echo("No --config given: forwarding to OpenAI with each client's own API key.", err=True)
+        click.echo("No --config given: the defaults, forwarding to $OPENAI_BASE_URL or OpenAI.", err=True)
+    click.echo(startup_block(config, host, port), err=True)
     options: dict[str, Any] = {
-        "host": host or config.server.host,
-        "port": port or config.server.port,
+        "host": host,
+        "port": port,
         "log_level": config.server.log_level,
         "log_config": None,  # uvicorn's own loggers go through the gateway's handler (text or json)
         "access_log": False,

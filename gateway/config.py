@@ -311,10 +311,12 @@ class TenantConfig(_Frozen):
             retrieval.enabled
             and retrieval.embedder.provider == "upstream"
             and self.upstream.pass_through_client_key
+            and self.upstream.api_key is None
         ):
             raise ValueError(
                 "retrieval.embedder.provider 'upstream' needs a key of the gateway's own for background "
-                "embedding calls; with upstream.pass_through_client_key use provider 'local'"
+                "embedding calls: with upstream.pass_through_client_key set upstream.api_key too, or use "
+                "provider 'local'"
             )
         return self
 

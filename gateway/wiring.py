@@ -227,14 +227,29 @@ def build_messages_upstream(tenant: TenantConfig) -> MessagesUpstream | None:
     return AnthropicMessages(tenant.name, tenant.upstream)
 
 
+def own_key(tenant: TenantConfig) -> bool:
+    """The gateway has a key of its own for background calls: the tenant's, or with pass-through client
+    keys, `upstream.api_key` beside them (the no-config default takes OPENAI_API_KEY)."""
+    return not tenant.upstream.pass_through_client_key or tenant.upstream.api_key is not None
+
+
+def background_upstream(tenant: TenantConfig, upstream: Upstream) -> Upstream:
+    """What the gateway's own calls for `tenant` go through: its key where a client's would go."""
+    key = tenant.upstream.api_key
+    if tenant.upstream.pass_through_client_key and key is not None:
+        from gateway.adapters.own_key import OwnKeyUpstream
+
+        return OwnKeyUpstream(upstream, key)
+    return upstream
+
+
 def compacts(tenant: TenantConfig) -> bool:
     """Background summaries need the context builder and a key of the gateway's own for the calls."""
     return (
         tenant.store_conversations
         and tenant.context.enabled
         and tenant.compaction.enabled
-        # With pass-through keys there is no key of the gateway's own to pay for background calls.
-        and not tenant.upstream.pass_through_client_key
+        and own_key(tenant)
     )
 
 
@@ -249,7 +264,7 @@ def remembers(tenant: TenantConfig) -> bool:
 
 def learns(tenant: TenantConfig) -> bool:
     """Extraction calls are the gateway's own: they need a key of its own, as compaction does."""
-    return remembers(tenant) and tenant.memory.extraction and not tenant.upstream.pass_through_client_key
+    return remembers(tenant) and tenant.memory.extraction and own_key(tenant)
 
 
 def build_pipeline(
@@ -469,9 +484,10 @@ def build_deps(
         tokenizers.for_model(model)
     catalog = LiteLLMModelCatalog.load()
     upstreams = {t.name: build_upstream(t) for t in config.tenants}
-    embedders = Embedders(config, upstreams, tokenizers)
+    own = {t.name: background_upstream(t, upstreams[t.name]) for t in config.tenants}
+    embedders = Embedders(config, own, tokenizers)
     indexes = build_indexes(config, embedders)
-    memory = build_memory(config, embedders, upstreams)
+    memory = build_memory(config, embedders, own)
     memories = SqlMemoryStore(sql.engine)
     tenants = TenantRegistry(
         Tenant(
@@ -501,7 +517,7 @@ def build_deps(
     )
     targets = {
         t.name: CompactionTarget(
-            t.upstream,
+            own[t.name],
             t.config.compaction,
             CompactionPolicy.for_tenant(t.config.context, t.config.compaction),
         )
