@@ -1,5 +1,5 @@
 """The read-only CLI commands against a store the real gateway filled (official SDK, real SQLite), and
-README listing every command."""
+the docs listing every command (docs/dashboard-and-cli.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from gateway.wiring import index_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
 from tests.test_cache_usage import ANSWER, provider_app
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+COMMANDS_DOC = Path(__file__).resolve().parent.parent / "docs" / "dashboard-and-cli.md"
 
 
 def test_conversations_show_context_and_jobs_read_what_the_gateway_stored(
@@ -163,7 +163,7 @@ def test_context_shows_what_the_cache_did_per_request_and_the_conversations_cost
 
 
 def test_every_command_is_documented() -> None:
-    text = README.read_text()
+    text = COMMANDS_DOC.read_text()
     documented = set(re.findall(r"context-gateway ([a-z]+)", text))
     assert set(main.commands) - documented == set(), "undocumented CLI commands"
 
