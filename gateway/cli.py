@@ -86,9 +86,13 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
     from gateway.startup import startup_block
 
     host, port = host or config.server.host, port or config.server.port
+    block = startup_block(config, host, port)
     if not (config_path or os.environ.get("GATEWAY_CONFIG")):
-        click.echo("No --config given: the defaults, forwarding to $OPENAI_BASE_URL or OpenAI.", err=True)
-    click.echo(startup_block(config, host, port), err=True)
+        block = "No --config given: the defaults, forwarding to $OPENAI_BASE_URL or OpenAI.\n" + block
+    if config.server.log_format == "json":
+        logging.getLogger("gateway.startup").info(block)  # one JSON record, as every other line
+    else:
+        click.echo(block, err=True)
     options: dict[str, Any] = {
         "host": host,
         "port": port,

@@ -5,7 +5,7 @@ tiktoken downloads its BPE files on first use. litellm's wheel carries `o200k_ba
 loaded `Encoding` objects are kept, so nothing later depends on that variable.
 
 Encoding per model: tiktoken's own model table (gpt-4o, gpt-4.1, gpt-5, o-series -> o200k_base; gpt-4,
-gpt-3.5 -> cl100k_base). Fallback, documented in the README: models tiktoken does not know (Claude,
+gpt-3.5 -> cl100k_base). Fallback, documented in docs/front-doors.md: models tiktoken does not know (Claude,
 Llama, Gemini...) and the old p50k/r50k models are counted with o200k_base, an estimate.
 """
 

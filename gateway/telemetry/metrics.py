@@ -1,7 +1,7 @@
 """Prometheus metrics of one app: a registry of its own (no process-global state), filled as requests and
 jobs finish; the process counters and the job queue are read at each scrape of `GET /metrics`.
 
-Every metric is listed in README ("Metrics"); tests/test_metrics.py fails when one is not.
+Every metric is listed in docs/operations.md ("Metrics"); tests/test_metrics.py fails when one is not.
 """
 
 from __future__ import annotations
