@@ -2,7 +2,7 @@
 back (through a TCP relay in front of this machine's Postgres that is cut and restored), a gateway
 process killed with SIGKILL in the middle of a stream and of a job, the index's directory turning
 read-only, and the disk filling up (a small tmpfs). Upstream faults (refused, stalled, 429/500, dying
-mid-stream, the client leaving) are in test_upstream_failures.py; SIGTERM in test_shutdown.py."""
+mid-stream, the client leaving) are in test_http_clients.py; SIGTERM in test_shutdown.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Every upstream HTTP client (`upstream.http_client`) passes the same proxy scenarios on a real gateway."""
+"""Every upstream HTTP client (`upstream.http_client`) passes the same proxy scenarios on a real gateway:
+upstream errors pass through; broken, slow and abandoned streams end the way OpenAI clients expect."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,7 +25,6 @@ from starlette.routing import Route
 from gateway.fakes.openai_upstream import Reply, ToolCall
 from gateway.fakes.server import BackgroundServer
 from tests.conftest import Gateway, Upstream, tenant
-from tests.test_upstream_failures import free_port, wait_for
 
 CLIENTS = ["aiohttp", "httpx-aiohttp", "httpx"]
 VOLATILE = {"id", "created"}
@@ -38,6 +39,21 @@ TOOLS: list[Any] = [
     }
 ]
 WEATHER = ToolCall(name="get_weather", arguments='{"city": "Lisbon", "unit": "celsius"}', id="call_abc")
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(params=CLIENTS)
@@ -122,6 +138,7 @@ def test_unreachable_upstream_is_502(make_gateway: Callable[..., Gateway], http_
             gateway.client().chat.completions.create(model="m", messages=MESSAGES, stream=stream)  # type: ignore[call-overload]
         assert caught.value.status_code == 502
         assert caught.value.body["code"] == "upstream_unreachable"  # type: ignore[index]
+        assert caught.value.body["type"] == "upstream_error"  # type: ignore[index]
     response = httpx.get(f"{gateway.base_url}/models", headers={"Authorization": "Bearer sk-gw-acme"})
     assert response.status_code == 502
 
@@ -168,6 +185,7 @@ def test_client_disconnect_cancels_the_upstream(gw: Gateway, upstream: Upstream)
             break
     stream.close()
     assert wait_for(lambda: upstream.fake.disconnects == 1), "upstream never saw the cancellation"
+    assert httpx.get(f"{gw.server.url}/healthz").json()["counters"]["client_disconnects"] == 1
     # The connection was dropped, not poisoned: the next request still works.
     upstream.fake.enqueue(Reply("after"))
     assert (
