@@ -25,12 +25,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.locomo import DEFAULT_DATA, load  # noqa: E402
 from gateway.adapters.e5_embedder import E5Embedder  # noqa: E402
 from gateway.adapters.onnx_embedder import OnnxEmbedder  # noqa: E402
-from gateway.pipeline.context.retrieval import (  # noqa: E402
-    DEFAULT_TAIL_SIMILARITY,
-    MIN_SIMILARITY,
-    RECALL_SIMILARITY,
-)
-from gateway.ports import Embedder  # noqa: E402
+from gateway.ports import Embedder, Similarity  # noqa: E402
 
 
 async def bands(embedder: Embedder, samples: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # type: ignore[type-arg]
@@ -70,7 +65,7 @@ async def main() -> None:
             f"evidence: {' '.join(f'{v:.3f}' for v in np.quantile(evidence, quantiles))} | "
             f"unrelated turns q50 q90 q99: {' '.join(f'{v:.3f}' for v in np.quantile(unrelated, [0.5, 0.9, 0.99]))}"
         )
-    for threshold in (MIN_SIMILARITY, RECALL_SIMILARITY, DEFAULT_TAIL_SIMILARITY):
+    for threshold in (Similarity().fair, Similarity().close, Similarity().tail):
         share = float((base_unrelated < threshold).mean())
         print(
             f"minilm {threshold:.2f}: {100 * share:.2f} % of unrelated turns below -> e5 at that quantile: "

@@ -351,12 +351,41 @@ class Tracer(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Similarity:
+    """Where an embedding model's cosines fall, as the thresholds that read them.
+
+    The defaults are MiniLM's; a model whose cosines sit in another band gives its own, at the same
+    quantiles of what unrelated turns score on the LoCoMo dev questions (benchmarks/similarity_bands.py:
+    MiniLM's 0.35 and 0.5 lie at their 77th and 97th percentiles; e5 puts the median unrelated turn at
+    0.78 where MiniLM puts it at 0.25).
+    """
+
+    fair: float = 0.35  # a question's best match worth history at all
+    close: float = 0.5  # a match worth more room than the recent window's tail
+    # A statement's match earns the volatile tail (uncached on every turn it appears) only this close:
+    # the best of hundreds of old turns passes `close` by chance in most turns of a long chat.
+    tail: float = 0.6
+    relevant: float = 0.30  # a memory relevant to the question
+    duplicate: float = 0.92  # two memories say the same
+    # Related enough for the model to decide: low on purpose ("I live in Lisbon" / "I moved to Berlin":
+    # 0.36 with MiniLM); showing a few unrelated memories costs only tokens in one call.
+    related: float = 0.33
+    # Reads English only: on a question mostly in Chinese, Japanese or Korean its ranking is near noise.
+    english_only: bool = False
+
+
 class Embedder(Protocol):
     """Text to unit-length vectors. Batches run off the event loop; one query is the request path's cost."""
 
     @property
     def model(self) -> str:
         """Stable id of the model: vectors of different models never share an index table."""
+        ...
+
+    @property
+    def similarity(self) -> Similarity:
+        """Where this model's cosines fall (the thresholds retrieval and memory read them by)."""
         ...
 
     @property

@@ -13,7 +13,7 @@ import numpy.typing as npt
 import orjson
 
 from gateway.errors import EmbeddingError, NotSupported, UpstreamError
-from gateway.ports import JSON, Headers, Upstream
+from gateway.ports import JSON, Headers, Similarity, Upstream
 
 # `forward` passes bodies through undecoded, so ask for an uncompressed answer.
 _HEADERS: Headers = [("content-type", "application/json"), ("accept-encoding", "identity")]
@@ -46,6 +46,10 @@ class ApiEmbedder:
         self.batch_size = batch_size
         self._max_tokens = max_input_tokens
         self._count = count or _utf8_bytes
+
+    @property
+    def similarity(self) -> Similarity:
+        return Similarity()  # a provider's model, not measured here: MiniLM's bands
 
     @property
     def model(self) -> str:

@@ -23,8 +23,12 @@ import numpy as np
 
 from gateway.adapters.batching import in_length_order
 from gateway.errors import EmbeddingError
+from gateway.ports import Similarity
 
 MODEL_ID = "multilingual-e5-small-q4"
+# e5 packs cosines high: MiniLM's thresholds at the same quantiles of unrelated turns (similarity_bands.py),
+# memory's from benchmarks/memory_resolution.py.
+SIMILARITY = Similarity(fair=0.80, close=0.84, tail=0.86, relevant=0.80, duplicate=0.95, related=0.82)
 DIMENSIONS = 384
 
 
@@ -60,6 +64,10 @@ class E5Embedder:
     @property
     def model(self) -> str:
         return MODEL_ID
+
+    @property
+    def similarity(self) -> Similarity:
+        return SIMILARITY
 
     @property
     def dimensions(self) -> int:

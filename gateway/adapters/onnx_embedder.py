@@ -20,8 +20,12 @@ from tokenizers import BertWordPieceTokenizer
 
 from gateway.adapters.batching import in_length_order
 from gateway.errors import EmbeddingError
+from gateway.ports import Similarity
 
 MODEL_ID = "all-MiniLM-L6-v2-int8"
+# The thresholds' defaults are this model's. It reads English only: on a question mostly in CJK its
+# ranking counts a quarter (measured on the Chinese work-chat set, benchmarks/workchat.py).
+SIMILARITY = Similarity(english_only=True)
 DIMENSIONS = 384
 # all-MiniLM-L6-v2's `max_seq_length` (sentence_bert_config.json): longer texts were never trained on.
 MAX_WORD_PIECES = 256
@@ -99,6 +103,10 @@ class OnnxEmbedder:
     @property
     def model(self) -> str:
         return MODEL_ID
+
+    @property
+    def similarity(self) -> Similarity:
+        return SIMILARITY
 
     @property
     def dimensions(self) -> int:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 
 from gateway.errors import EmbeddingError
+from gateway.ports import Similarity
 
 _WORDS = re.compile(r"\w+")
 
@@ -30,6 +31,10 @@ class HashingEmbedder:
     @property
     def model(self) -> str:
         return f"hashing-{self._dimensions}"
+
+    @property
+    def similarity(self) -> Similarity:
+        return Similarity()
 
     @property
     def dimensions(self) -> int:

@@ -32,22 +32,11 @@ from gateway.memory.records import (
 from gateway.memory.replies import Decision
 from gateway.ports import Embedder, JSONObject
 
-# Cosine similarity above which two memories say the same (duplicate), and above which they are related
-# enough for the model to decide. MiniLM spreads similarities widely; e5 packs them high.
-# The related threshold is low on purpose: a changed fact often shares few words with the old one ("I live
-# in Lisbon" / "I moved to Berlin": 0.36 with MiniLM), and the cost of showing the model a few unrelated
-# memories is only tokens in the one resolution call per batch (benchmarks/memory_resolution.py).
-THRESHOLDS: dict[str, tuple[float, float]] = {"multilingual-e5-small-q4": (0.95, 0.82)}
-DEFAULT_THRESHOLDS = (0.92, 0.33)
 NEAREST = 4  # existing memories shown with each candidate
 # Memories about the user at large: read in every project, so learnt into the user's own scope.
 USER_WIDE_TYPES = frozenset({"preference", "profile"})
 
 Decide = Callable[[Sequence[tuple[Candidate, Sequence[Memory]]]], Awaitable[list[Decision]]]
-
-
-def thresholds(model: str) -> tuple[float, float]:
-    return THRESHOLDS.get(model, DEFAULT_THRESHOLDS)
 
 
 def scope_for(candidate: Candidate, conversation_scope: str) -> str:
@@ -139,7 +128,7 @@ class Resolver:
         if not fresh:
             return out
         vectors = await self.embedder.embed([c.content for c in fresh])
-        duplicate, related = thresholds(self.embedder.model)
+        duplicate, related = self.embedder.similarity.duplicate, self.embedder.similarity.related
         pending: list[tuple[Candidate, list[float], list[Memory]]] = []
         kept: list[tuple[Candidate, list[float]]] = []
         for candidate, vector in zip(fresh, vectors, strict=True):

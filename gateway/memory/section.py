@@ -29,7 +29,7 @@ from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.records import ACTIVE, USER_SCOPE, Memory, MemoryFilter, MemoryHit, MemoryQuery, Profile
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.text import message_text
-from gateway.ports import JSON, Embedder, JSONObject, MessageStore
+from gateway.ports import JSON, Embedder, JSONObject, MessageStore, Similarity
 from gateway.records import Conversation
 
 log = logging.getLogger(__name__)
@@ -41,11 +41,7 @@ STANDING_SHARE = 0.5  # of the allowance, at most: the rest is for what the ques
 RRF_K = 30
 RECENCY_WEIGHT = 0.004  # at most an eighth of a first rank's fused score, for a memory of today
 RECENCY_DAYS = 90.0
-# Cosine similarity a memory needs to count as relevant to the question (MiniLM spreads similarities
-# widely; e5 packs them high); a keyword match may be a little less close.
-RELEVANT = {"multilingual-e5-small-q4": 0.80}
-DEFAULT_RELEVANT = 0.30
-KEYWORD_SLACK = 0.08
+KEYWORD_SLACK = 0.08  # a keyword match may be this much less close than `Similarity.relevant`
 HEADER = "## What the gateway remembers about this user (from earlier conversations; newer facts win)"
 
 
@@ -83,8 +79,7 @@ class MemorySection:
 
     @property
     def relevant_similarity(self) -> float:
-        model = self.embedder.model if self.embedder is not None else ""
-        return RELEVANT.get(model, DEFAULT_RELEVANT)
+        return (self.embedder.similarity if self.embedder is not None else Similarity()).relevant
 
     async def plan(self, build: BuildInput) -> int:
         found = build.memo.get(MEMO)  # both parts of one build share one search

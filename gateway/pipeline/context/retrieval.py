@@ -33,15 +33,12 @@ from gateway.pipeline.context.question import (
 )
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.text import message_text, mostly_cjk
-from gateway.ports import JSON, Embedder, JobQueue, JSONObject, MessageStore, VectorIndex
+from gateway.ports import JSON, Embedder, JobQueue, JSONObject, MessageStore, Similarity, VectorIndex
 from gateway.records import EMBED, IndexBacklog, IndexHit, SearchQuery, SearchResult, embed_key_prefix
 
 _NODE_ID = operator.attrgetter("node_id")
 
 RRF_K = 30  # measured on LoCoMo (benchmarks/locomo.py): 30 ranked a little better than the usual 60
-# A question that neither points at the past nor names an exact term gets history only when the best
-# semantic match is at least this close (cosine); below it the tokens go to the recent window instead.
-MIN_SIMILARITY = 0.35
 # A question, not a statement: a question mark (any script's), an opening interrogative word, or a
 # Chinese interrogative (questions there often go without a mark).
 _ASKS = re.compile(
@@ -49,21 +46,7 @@ _ASKS = re.compile(
     r"would|should|will)\b|什么|怎么|为什么|为何|哪|谁|多少|吗\W*$",
     re.I,
 )
-# A match this close (cosine) in old history is worth more room than the recent window's tail.
-RECALL_SIMILARITY = 0.5
-# A match alone earns the volatile tail (uncached on every turn it appears) only this close: the best of
-# hundreds of old turns passes RECALL_SIMILARITY by chance in most turns of a long chat (benchmarks/cache.py).
-DEFAULT_TAIL_SIMILARITY = 0.6
-TAIL_SIMILARITY = {"multilingual-e5-small-q4": 0.86}  # the quantile of MiniLM 0.6 (similarity_bands.py)
-# Those two thresholds are MiniLM's; models whose cosines sit in another band get theirs, at the same
-# quantiles of what unrelated turns score on the LoCoMo dev questions (benchmarks/similarity_bands.py:
-# MiniLM's 0.35 and 0.5 lie at their 77th and 97th percentiles, e5's 0.80 and 0.84 there; e5 puts the
-# median unrelated turn at 0.78 where MiniLM puts it at 0.25).
-SIMILARITY_BANDS = {"multilingual-e5-small-q4": (0.80, 0.84)}
-# Models that read English only: on a question written mostly in Chinese, Japanese or Korean their
-# ranking is close to noise, so it counts this much of the keyword ranking (measured on the Chinese
-# work-chat set, benchmarks/workchat.py).
-ENGLISH_ONLY = frozenset({"all-MiniLM-L6-v2-int8"})
+# An English-only model's share of the ranking on a question mostly in CJK (benchmarks/workchat.py).
 FOREIGN_SEMANTIC_WEIGHT = 0.25
 NEIGHBOUR_SHARE = 0.5
 HEADER = "## Retrieved from earlier in this conversation (verbatim, oldest first)"
@@ -151,16 +134,9 @@ class RetrievalSection:
         return self.config.allowance_tokens
 
     @property
-    def band(self) -> tuple[float, float]:
-        """(fair, close) cosine similarity for this section's embedding model."""
-        model = self.embedder.model if self.embedder is not None else ""
-        return SIMILARITY_BANDS.get(model, (MIN_SIMILARITY, RECALL_SIMILARITY))
-
-    @property
-    def tail_similarity(self) -> float:
-        """Cosine a match alone needs to earn the volatile tail (design.md section 14)."""
-        model = self.embedder.model if self.embedder is not None else ""
-        return TAIL_SIMILARITY.get(model, DEFAULT_TAIL_SIMILARITY)
+    def similarity(self) -> Similarity:
+        """Where this section's embedding model puts its cosines."""
+        return self.embedder.similarity if self.embedder is not None else Similarity()
 
     async def plan(self, build: BuildInput) -> int:
         """Search now (before the budget is split), then ask for room by what the question and the
@@ -171,7 +147,7 @@ class RetrievalSection:
         if not found.on_path:
             return 0
         facts = found.facts
-        fair = self.band[0]
+        fair = self.similarity.fair
         # What goes in the tail is uncached on every turn it appears (design.md section 14): only for a
         # question about the past, one naming a term that only old messages hold, or a close match.
         window = [self._lowered(item) for item in build.window]
@@ -181,7 +157,7 @@ class RetrievalSection:
         )  # a statement in the past tense is no recall
         past = facts.time_range is not None or (asks and found.best_similarity >= fair)
         # A question that old messages answer closely is one about the past too, in any tense.
-        close_question = asks and found.best_similarity >= self.band[1]
+        close_question = asks and found.best_similarity >= self.similarity.close
         if (facts.about_past and past) or old_only or close_question:
             found.detail["why"] = (
                 "terms only old messages hold"
@@ -194,7 +170,7 @@ class RetrievalSection:
             )
             return self.config.recall_allowance_tokens
         other_best = max((h.score for h in found.other.semantic), default=0.0) if found.other else 0.0
-        if max(found.best_similarity, other_best) >= self.tail_similarity:
+        if max(found.best_similarity, other_best) >= self.similarity.tail:
             found.detail["why"] = "a close match"
             return self.config.allowance_tokens
         found.detail["skipped"] = (
@@ -400,7 +376,7 @@ class RetrievalSection:
         # The user's other conversations hold a closer match than anything old here: keep them room
         # (else this conversation's weaker groups could fill the allowance first).
         other_best = max((h.score for h in found.other.semantic), default=0.0) if found.other else 0.0
-        keep = allowance // 2 if other_best > max(found.best_similarity, self.band[0]) else 0
+        keep = allowance // 2 if other_best > max(found.best_similarity, self.similarity.fair) else 0
         if "skipped" not in detail:
             # A reason usually follows what it explains ("we chose X." "why?" "because..."): a "why"
             # question's groups reach one message further forward.
@@ -497,7 +473,7 @@ class RetrievalSection:
         self, build: BuildInput, result: SearchResult, facts: QuestionFacts, room: int
     ) -> list[_Group]:
         """The best few matches in the user's other conversations, each with the messages before it."""
-        close = {h.node_id for h in result.semantic if h.score >= self.band[0]}
+        close = {h.node_id for h in result.semantic if h.score >= self.similarity.fair}
         out: list[_Group] = []
         for candidate in _fuse(result)[:OTHER_MAX]:
             try:
@@ -524,8 +500,7 @@ class RetrievalSection:
         return out
 
     def _semantic_weight(self, question: str) -> float:
-        model = self.embedder.model if self.embedder is not None else ""
-        if model in ENGLISH_ONLY and mostly_cjk(question):
+        if self.similarity.english_only and mostly_cjk(question):
             return FOREIGN_SEMANTIC_WEIGHT
         return 1.0
 
