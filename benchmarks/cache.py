@@ -68,6 +68,9 @@ class Turn:
     tail: int = 0  # tokens of the volatile tail (retrieved groups, relevant memories)
     epoch: bool = False  # this turn began an epoch (the window jumped, the stable block was rebuilt)
     why: str = ""  # why retrieval went in the tail
+    retrieved: int = 0  # tokens of the tail's retrieved history
+    retrieved_ids: list[str] = field(default_factory=list)  # the stored messages it showed
+    epoch_id: str = ""  # the stored message the turn's epoch starts at
 
     @property
     def uncached(self) -> int:
@@ -193,6 +196,11 @@ class GatewayProcess:
                     turn.epoch = bool((report.get("epoch") or {}).get("new")) and not report.get("unchanged")
                     retrieval = sections.get("retrieval") or {}
                     turn.why = str(retrieval.get("why", "")) if retrieval.get("tokens") else ""
+                    turn.retrieved = int(retrieval.get("tokens", 0) or 0)
+                    turn.retrieved_ids = (
+                        [str(i) for i in retrieval.get("message_ids") or []] if turn.retrieved else []
+                    )
+                    turn.epoch_id = str((report.get("epoch") or {}).get("start_id") or "")
                     return
                 time.sleep(0.02)
 
@@ -202,6 +210,29 @@ class GatewayProcess:
         self.process.terminate()
         self.process.wait(30)
         self.log.close()
+
+
+def tail_policies(turns: list[Turn], price: float) -> tuple[float, float]:
+    """The retrieved history's effective cost as built (each tail sent once, uncached) against keeping
+    each retrieved message in the transcript where it was first sent: cached on every later turn of its
+    epoch, and not retrieved again there. Each message's share of its tail's tokens is even."""
+    sent_once = float(sum(t.retrieved for t in turns))
+    kept_cost = 0.0
+    kept: set[str] = set()
+    kept_tokens = 0.0
+    epoch = None
+    for turn in turns:
+        if turn.epoch_id != epoch:
+            epoch, kept, kept_tokens = turn.epoch_id, set(), 0.0
+        kept_cost += price * kept_tokens
+        if not turn.retrieved_ids:
+            continue
+        share = turn.retrieved / len(turn.retrieved_ids)
+        new = [i for i in turn.retrieved_ids if i not in kept]
+        kept_cost += share * len(new)
+        kept.update(new)
+        kept_tokens += share * len(new)
+    return sent_once, kept_cost
 
 
 def usage_of(answer: Any) -> Turn:
@@ -298,6 +329,13 @@ def summarise(run: Run, replay: Run, stretch: int) -> None:
         print(
             f"    turns with a tail {sum(reasons.values())}: "
             + ", ".join(f"{w or '(reason not reported)'} {n}" for w, n in reasons.items())
+        )
+    if reasons:
+        sent_once, kept = tail_policies(turns, 0.1)
+        print(
+            f"    retrieved history at 10%, sent once (as built) {sent_once:,.0f} against kept in the transcript "
+            f"{kept:,.0f} (re-sent cached on the epoch's later turns, sent uncached only where new; the "
+            "window's room it would take not counted)"
         )
     if run.background:
         bg = run.background
