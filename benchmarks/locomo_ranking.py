@@ -34,7 +34,9 @@ import lancedb
 import locomo
 import numpy as np
 
+import gateway.pipeline.context.ranking as ranking
 import gateway.pipeline.context.retrieval as retrieval
+import gateway.pipeline.context.tail_lines as tail_lines
 from gateway.adapters.onnx_embedder import OnnxEmbedder
 from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizer
 from gateway.config import RetrievalConfig
@@ -64,7 +66,7 @@ def capture(keep: Path, data: Path) -> list[dict[str, Any]]:
                 "facts": found.facts,
                 "result": last.pop("result", None),
                 "path": [
-                    (item.node_id, retrieval._line(item), item.message.get("role")) for item in found.path
+                    (item.node_id, tail_lines.line_of(item), item.message.get("role")) for item in found.path
                 ],
             }
         )
@@ -108,8 +110,8 @@ def shipped(**changes: Any) -> Ranker:
     normalised scores, `alpha` for meaning), the neighbour share and how many steps it spreads."""
     kind = changes.get("kind", "rrf")
     k, share, spread = (
-        changes.get("k", retrieval.RRF_K),
-        changes.get("share", retrieval.NEIGHBOUR_SHARE),
+        changes.get("k", ranking.RRF_K),
+        changes.get("share", ranking.NEIGHBOUR_SHARE),
         changes.get("spread", 1),
     )
     weights = (changes.get("semantic", 1.0), changes.get("keyword", 1.0))
@@ -150,7 +152,7 @@ def shipped(**changes: Any) -> Ranker:
             if node not in positions or node in recent:
                 continue
             at = positions[node]
-            here = by_position.setdefault(at, retrieval._Candidate(node, created_at=created.get(node)))
+            here = by_position.setdefault(at, ranking.Candidate(node, created_at=created.get(node)))
             here.score += value
             for step in range(1, spread + 1):
                 for near in (at - step, at + step):
@@ -158,7 +160,7 @@ def shipped(**changes: Any) -> Ranker:
                     if near_id is None or near_id in recent:
                         continue
                     neighbour = by_position.setdefault(
-                        near, retrieval._Candidate(near_id, created_at=created.get(node))
+                        near, ranking.Candidate(near_id, created_at=created.get(node))
                     )
                     neighbour.score += share**step * value
         ranked = list(by_position.values())

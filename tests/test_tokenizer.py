@@ -74,7 +74,8 @@ def test_retrieved_section_counted_from_its_lines_equals_the_whole_count(name: s
 
     from gateway.config import RetrievalConfig
     from gateway.pipeline.call import HistoryItem
-    from gateway.pipeline.context.retrieval import RetrievalSection, _Group, _lines
+    from gateway.pipeline.context.retrieval import RetrievalSection, _Group
+    from gateway.pipeline.context.tail_lines import lines_of
 
     encoding = load_encoding(name)
     build = cast(Any, SimpleNamespace(tokenizer=TiktokenTokenizer(encoding)))
@@ -98,14 +99,14 @@ def test_retrieved_section_counted_from_its_lines_equals_the_whole_count(name: s
             when = None if rng.random() < 0.1 else day + timedelta(days=rng.randint(0, 2))
             group = _Group(at, end, 1.0, when)
             marks = {end: day + timedelta(days=9)} if rng.random() < 0.2 else None
-            group.lines = _lines(path, at, end, marks)
+            group.lines = lines_of(path, at, end, marks)
             groups.append(group)
             at = end + 1 + rng.choice([0, 0, 1, 5])
         others = []
         for _ in range(rng.choice([0, 0, 1, 2])):
             start = rng.randint(0, len(path) - 3)
             other = _Group(0, 1, 1.0, day)
-            other.lines = _lines(path, start, start + 1)
+            other.lines = lines_of(path, start, start + 1)
             others.append(other)
         text, tokens = section._compose(build, groups, others)
         assert text is not None

@@ -31,14 +31,15 @@ from gateway.pipeline.context.question import (
     exact_terms,
     named_terms,
 )
+from gateway.pipeline.context.ranking import RRF_K, Candidate, fuse, smoothed
 from gateway.pipeline.context.section import BuildInput, Proposal
+from gateway.pipeline.context.tail_lines import Line, day_changes, day_of, line_of, lines_of, tool_safe, when
 from gateway.pipeline.text import message_text, mostly_cjk
 from gateway.ports import JSON, Embedder, JobQueue, JSONObject, MessageStore, Similarity, VectorIndex
-from gateway.records import EMBED, IndexBacklog, IndexHit, SearchQuery, SearchResult, embed_key_prefix
+from gateway.records import EMBED, IndexBacklog, SearchQuery, SearchResult, embed_key_prefix
 
 _NODE_ID = operator.attrgetter("node_id")
 
-RRF_K = 30  # measured on LoCoMo (benchmarks/locomo.py): 30 ranked a little better than the usual 60
 # A question, not a statement: a question mark (any script's), an opening interrogative word, or a
 # Chinese interrogative (questions there often go without a mark).
 _ASKS = re.compile(
@@ -48,7 +49,6 @@ _ASKS = re.compile(
 )
 # An English-only model's share of the ranking on a question mostly in CJK (benchmarks/workchat.py).
 FOREIGN_SEMANTIC_WEIGHT = 0.25
-NEIGHBOUR_SHARE = 0.5
 HEADER = "## Retrieved from earlier in this conversation (verbatim, oldest first)"
 OTHER_HEADER = "## Retrieved from this user's other conversations (verbatim)"
 DATE_LINE_TOKENS = 12  # "[2023-05-08 13:56]" and its line break
@@ -68,15 +68,6 @@ LINE_CACHE_SIZE = 50_000
 
 
 @dataclass(slots=True)
-class _Candidate:
-    node_id: str
-    score: float = 0.0
-    created_at: datetime | None = None
-    conversation_id: str = ""
-    views: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True)
 class _Found:
     """What planning found, kept for `propose` (positions index `path`)."""
 
@@ -84,7 +75,7 @@ class _Found:
     path: list[HistoryItem] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)
     first_depth: int = 0
-    on_path: list[_Candidate] = field(default_factory=list)
+    on_path: list[Candidate] = field(default_factory=list)
     other: SearchResult | None = None
     best_similarity: float = 0.0
     # Each message's own date, from any hit of it (None: undated); a group is labelled by its messages'.
@@ -94,10 +85,6 @@ class _Found:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-# A line of the section's text: the line, and the stored message it shows (None: a date line).
-_Line = tuple[str, str | None]
-
-
 @dataclass(slots=True)
 class _Group:
     start: int  # positions in the path, inclusive
@@ -105,7 +92,7 @@ class _Group:
     score: float
     created_at: datetime | None
     tokens: int = 0
-    lines: list[_Line] = field(default_factory=list)
+    lines: list[Line] = field(default_factory=list)
     label: str = ""  # the conversation, for groups from another one
 
 
@@ -251,7 +238,7 @@ class RetrievalSection:
                 "unembedded": backlog.unembedded,
             }
         searched = time.perf_counter()
-        candidates = _fuse(result, self._semantic_weight(question))
+        candidates = fuse(result, self._semantic_weight(question))
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
             # A thin client's history holds only the newest stretch: read the whole path once.
             try:
@@ -267,7 +254,7 @@ class RetrievalSection:
             (h.score for h in result.semantic if h.node_id in positions and h.node_id not in recent),
             default=0.0,
         )
-        on_path = _smoothed(hits, path, positions, recent)
+        on_path = smoothed(hits, path, positions, recent)
         for hit in (*result.semantic, *result.keyword):
             found.dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
         texts = {c.node_id: self._lowered(path[positions[c.node_id]]) for c in on_path}
@@ -315,7 +302,7 @@ class RetrievalSection:
         self,
         query: SearchQuery,
         found: _Found,
-        ranked: list[_Candidate],
+        ranked: list[Candidate],
         path: list[HistoryItem],
         positions: dict[str, int],
         recent: set[str | None],
@@ -327,7 +314,7 @@ class RetrievalSection:
         # Matched by a search (not only a neighbour's), and holding the question's own terms if any do.
         searched = [c for c in ranked if c.views]
         own = [c for c in searched if any(contains_term(texts[c.node_id], t) for t in found.matched_terms)]
-        named: dict[str, _Candidate] = {}
+        named: dict[str, Candidate] = {}
         for source in (own or searched)[:HOP_FROM]:
             for term in named_terms(message_text(path[positions[source.node_id]].message)):
                 if contains_term(asked, term) or term in named:
@@ -355,7 +342,7 @@ class RetrievalSection:
                 continue  # matched a piece of a term only ("etl" of "etl-07")
             candidate = by_node.get(hit.node_id)
             if candidate is None:
-                candidate = by_node[hit.node_id] = _Candidate(hit.node_id, created_at=hit.created_at)
+                candidate = by_node[hit.node_id] = Candidate(hit.node_id, created_at=hit.created_at)
                 ranked.append(candidate)
             candidate.score += HOP_SHARE * max(s.score for s in sources_of) / (1 + rank)
             candidate.views.append(hit.view)
@@ -475,7 +462,7 @@ class RetrievalSection:
         """The best few matches in the user's other conversations, each with the messages before it."""
         close = {h.node_id for h in result.semantic if h.score >= self.similarity.fair}
         out: list[_Group] = []
-        for candidate in _fuse(result)[:OTHER_MAX]:
+        for candidate in fuse(result)[:OTHER_MAX]:
             try:
                 path = await self.store.path(
                     build.call.tenant, candidate.node_id, newest_messages=self.config.neighbours + 1
@@ -490,7 +477,7 @@ class RetrievalSection:
                 continue  # only clear matches cross conversations
             group = _Group(0, len(items) - 1, candidate.score, candidate.created_at)
             group.label = path[-1].node.conversation_id
-            group.lines = _lines(items, 0, len(items) - 1)
+            group.lines = lines_of(items, 0, len(items) - 1)
             group.tokens = (
                 sum(self._line_tokens(build, item) for item in items) + DATE_LINE_TOKENS + SEPARATOR_TOKENS
             )
@@ -527,7 +514,7 @@ class RetrievalSection:
         build: BuildInput,
         path: list[HistoryItem],
         positions: dict[str, int],
-        ranked: Sequence[_Candidate],
+        ranked: Sequence[Candidate],
         recent: set[int],
         allowance: int,
         dates: dict[str, datetime | None],
@@ -551,14 +538,14 @@ class RetrievalSection:
                 continue
             if above and _said_above(path[at].message, above):
                 continue  # every identifier of it is in the summary verbatim: it adds nothing
-            start, end = _tool_safe(path, max(at - n, 0), min(at + forward, len(path) - 1))
+            start, end = tool_safe(path, max(at - n, 0), min(at + forward, len(path) - 1))
             span = [i for i in range(start, end + 1) if i not in taken]
             if not span:
                 continue
             # Keep the span contiguous: stop at the first message another group (or the window) holds.
             start = max([i for i in range(start, at) if i in taken], default=start - 1) + 1
             end = min([i for i in range(at + 1, end + 1) if i in taken], default=end + 1) - 1
-            start, end = _tool_safe(path, start, end)
+            start, end = tool_safe(path, start, end)
             if any(i in taken for i in range(start, end + 1)):
                 continue  # a tool step could not be kept whole here
             # Labelled by the first of its messages whose date a search returned, not by the hit's: a
@@ -569,17 +556,17 @@ class RetrievalSection:
             # Groups of one day share a date line: only the first of a day pays for it. A group costs its
             # lines and the breaks between them (each message's line counted once, see `_line_tokens`);
             # the section's whole text is counted exactly at the end.
-            day = _day(when)
+            day = day_of(when)
             date_line = DATE_LINE_TOKENS if day not in days else 0
             group.tokens = sum(self._line_tokens(build, path[i]) for i in range(start, end + 1))
             group.tokens += SEPARATOR_TOKENS - 1
-            marks = _day_changes(path, start, end, dates, day)
+            marks = day_changes(path, start, end, dates, day)
             group.tokens += len(marks) * DATE_LINE_TOKENS
             if used + group.tokens + date_line > allowance:
                 if allowance - used < MIN_GROUP_TOKENS:
                     break  # nothing more fits
                 continue  # a smaller, lower-ranked group may still fit
-            group.lines = _lines(path, start, end, marks)
+            group.lines = lines_of(path, start, end, marks)
             used += group.tokens + date_line
             days.add(day)
             taken.update(range(start, end + 1))
@@ -601,9 +588,9 @@ class RetrievalSection:
         """Tokens of one message's line and the line break after it; stored messages never change, so
         each is counted once per encoding (the same old messages come back request after request)."""
         if item.node_id is None:
-            return build.tokenizer.count(_line(item) + "\n")
+            return build.tokenizer.count(line_of(item) + "\n")
         count = self.line_tokens.get((build.tokenizer.name, item.node_id))
-        return count if count is not None else self._counted(build, _line(item), item.node_id)
+        return count if count is not None else self._counted(build, line_of(item), item.node_id)
 
     def _counted(self, build: BuildInput, line: str, node_id: str) -> int:
         """Tokens of `line` (message `node_id`'s) and a line break."""
@@ -623,18 +610,18 @@ class RetrievalSection:
         each with its date. Every line but the first starts with a letter (a role), `[`, `#` or `…`, so
         the count is the sum of its lines' (see `Tokenizer.count`): a message line followed by another
         line is counted once per message and encoding."""
-        blocks: list[list[_Line]] = []
+        blocks: list[list[Line]] = []
         if groups:
             blocks.append([(HEADER, None)])
-            day_block: list[_Line] = []
+            day_block: list[Line] = []
             day: date | str | None = "none yet"  # an undated group is a day of its own (None)
             previous: _Group | None = None
             for group in sorted(groups, key=lambda g: g.start):
-                if _day(group.created_at) != day:
+                if day_of(group.created_at) != day:
                     if day_block:
                         blocks.append(day_block)
-                    day = _day(group.created_at)
-                    day_block = [(f"[{_when(group.created_at)}]", None)]
+                    day = day_of(group.created_at)
+                    day_block = [(f"[{when(group.created_at)}]", None)]
                 elif previous is not None and group.start > previous.end + 1:
                     day_block.append(("…", None))
                 day_block += group.lines
@@ -642,7 +629,7 @@ class RetrievalSection:
             blocks.append(day_block)
         if others:
             blocks.append([(OTHER_HEADER, None)])
-            blocks += [[(f"[{_when(g.created_at)}]", None), *g.lines] for g in others]
+            blocks += [[(f"[{when(g.created_at)}]", None), *g.lines] for g in others]
         if not blocks:
             return None, 0
         tokens = 0
@@ -668,98 +655,3 @@ def _said_above(message: JSONObject, above: str) -> bool:
 
 def _question(current: list[HistoryItem]) -> str:
     return message_text(current[0].message) if current else ""
-
-
-def _fuse(result: SearchResult, semantic_weight: float = 1.0) -> list[_Candidate]:
-    """Reciprocal-rank fusion over both rankings, every view of a message adding to its score."""
-    by_node: dict[str, _Candidate] = {}
-
-    def add(hits: list[IndexHit], weight: float = 1.0) -> None:
-        for rank, hit in enumerate(hits):
-            candidate = by_node.get(hit.node_id)
-            if candidate is None:  # (not setdefault: a candidate made for every hit was 7 % of a request)
-                candidate = by_node[hit.node_id] = _Candidate(hit.node_id)
-            candidate.score += weight / (RRF_K + rank)
-            # An undated hit (history that arrived at once) has no date to show.
-            candidate.created_at = candidate.created_at or (hit.created_at if hit.dated else None)
-            candidate.conversation_id = hit.conversation_id
-            candidate.views.append(hit.view)
-
-    add(result.semantic, semantic_weight)
-    add(result.keyword)
-    return sorted(by_node.values(), key=lambda c: c.score, reverse=True)
-
-
-def _smoothed(
-    hits: list[_Candidate], path: list[HistoryItem], positions: dict[str, int], recent: set[str | None]
-) -> list[_Candidate]:
-    """Evidence sits next to what matched (an answer beside its question, a fact beside the remark
-    that mentions it): every hit lends NEIGHBOUR_SHARE of its fused score to the messages either side,
-    which may rank a message no search returned."""
-    by_position: dict[int, _Candidate] = {}
-    for hit in hits:
-        at = positions[hit.node_id]
-        here = by_position.get(at)
-        if here is None:
-            here = by_position[at] = _Candidate(hit.node_id, created_at=hit.created_at)
-        here.score += hit.score
-        here.views += hit.views
-        for near in (at - 1, at + 1):
-            node_id = path[near].node_id if 0 <= near < len(path) else None
-            if node_id is None or node_id in recent:
-                continue
-            # Its own date only (a neighbour may be from another day): the group finds one later.
-            neighbour = by_position.get(near)
-            if neighbour is None:
-                neighbour = by_position[near] = _Candidate(node_id)
-            neighbour.score += NEIGHBOUR_SHARE * hit.score
-    return list(by_position.values())
-
-
-def _tool_safe(path: list[HistoryItem], start: int, end: int) -> tuple[int, int]:
-    """Widen [start, end] so no tool result is shown without the call that asked for it, and no call
-    without its results."""
-    while start > 0 and path[start].message.get("role") == "tool":
-        start -= 1
-    # Results follow their call: take every tool message after the end (a call's, or its siblings').
-    while end + 1 < len(path) and path[end + 1].message.get("role") == "tool":
-        end += 1
-    return start, end
-
-
-def _day_changes(
-    path: list[HistoryItem], start: int, end: int, dates: dict[str, datetime | None], day: date | None
-) -> dict[int, datetime | None]:
-    """Where inside [start, end] its messages' own dates (as far as known) move to another day than the
-    group's label says: position -> the date to show on a line before it."""
-    marks: dict[int, datetime | None] = {}
-    for i in range(start, end + 1):
-        node_id = path[i].node_id
-        if node_id is not None and node_id in dates and _day(dates[node_id]) != day:
-            day = _day(dates[node_id])
-            marks[i] = dates[node_id]
-    return marks
-
-
-def _lines(
-    path: list[HistoryItem], start: int, end: int, marks: dict[int, datetime | None] | None = None
-) -> list[_Line]:
-    """The messages' lines, with a date line before each position in `marks`."""
-    lines: list[_Line] = []
-    for i in range(start, end + 1):
-        if marks and i in marks:
-            lines.append((f"[{_when(marks[i])}]", None))
-        lines.append((_line(path[i]), path[i].node_id))
-    return lines
-
-
-def _line(item: HistoryItem) -> str:
-    return f"{item.message.get('role')}: {message_text(item.message)}"
-
-
-def _when(created_at: datetime | None) -> str:
-    return f"{created_at:%Y-%m-%d %H:%M}" if created_at is not None else "date unknown"
-
-
-def _day(created_at: datetime | None) -> date | None:
-    return created_at.date() if created_at is not None else None
