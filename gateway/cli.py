@@ -125,6 +125,47 @@ def worker_app() -> ASGIApp:
     return app
 
 
+@main.command()
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), help="YAML config (or $GATEWAY_CONFIG)."
+)
+def worker(config_path: str | None) -> None:
+    """Run the background jobs only, no HTTP (summaries, embedding, memory), on the same database and
+    index as `serve`: give background work cores of its own and run the server with `jobs.workers: 0`."""
+    try:
+        config = resolve_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if config.jobs.workers < 1:
+        raise click.ClickException("jobs.workers is 0: a worker process needs at least one job worker")
+    configure_logging(config.server.log_level, config.server.log_format)
+    asyncio.run(_work(config))
+
+
+async def _work(config: GatewayConfig) -> None:
+    """Until SIGTERM or SIGINT: jobs leased, run and stopped as the server's own workers would be."""
+    import signal
+
+    from gateway.wiring import build_deps
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, stop.set)
+    deps = build_deps(config)
+    tune_for_serving()
+    try:
+        async with deps.workers.running():
+            logging.getLogger("gateway.worker").info(
+                "context-gateway worker: %d job workers on %s",
+                config.jobs.workers,
+                config.storage.database_url,
+            )
+            await stop.wait()
+    finally:
+        await deps.aclose()
+
+
 def _raise_open_file_limit(config: GatewayConfig) -> None:
     """Every stream holds two sockets (client and upstream): lift the soft open-file limit to the hard
     one (often 1,024 soft), and say so when even that is below what the pools may open."""

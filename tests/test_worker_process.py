@@ -1,0 +1,86 @@
+"""`context-gateway worker`: background jobs in a process of their own, beside a server that runs none
+(`jobs.workers: 0`), both real CLI processes on one SQLite database and one LanceDB index."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from openai import OpenAI
+
+from gateway.fakes.openai_upstream import Reply
+from tests.conftest import GATEWAY_KEY, Upstream, tenant
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _jobs(url: str) -> dict[str, int]:
+    return dict(httpx.get(f"{url}/healthz").json()["jobs"])
+
+
+def test_a_worker_process_runs_the_jobs_a_server_without_workers_queues(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    base: dict[str, Any] = {
+        "storage": {"database_url": f"sqlite:///{tmp_path / 'gw.db'}", "data_dir": str(tmp_path)},
+        "tenants": [tenant("acme", upstream.base_url, compaction={"enabled": False})],
+    }
+    server_config, worker_config = tmp_path / "server.yaml", tmp_path / "worker.yaml"
+    server_config.write_text(json.dumps({**base, "jobs": {"workers": 0}}))  # JSON is YAML
+    worker_config.write_text(json.dumps({**base, "jobs": {"workers": 1, "poll_seconds": 0.2}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OPENAI_"))}
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cli = [sys.executable, "-m", "gateway"]
+    server = subprocess.Popen(
+        [*cli, "serve", "--config", str(server_config), "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, "the server never came up"
+            time.sleep(0.2)
+        client = OpenAI(base_url=f"{url}/v1", api_key=GATEWAY_KEY)
+        upstream.fake.enqueue(Reply(content="Noted."))
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "The deploy key is LK-4471-ZQ."}]
+        )
+        time.sleep(1.5)
+        assert _jobs(url).get("queued", 0) >= 1  # the server itself runs nothing
+
+        worker = subprocess.Popen(
+            [*cli, "worker", "--config", str(worker_config)], env=env, stderr=subprocess.PIPE
+        )
+        while _jobs(url).get("queued", 0) or _jobs(url).get("running", 0):
+            assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""
+            assert time.monotonic() < deadline + 120, _jobs(url)
+            time.sleep(0.2)
+        assert _jobs(url).get("done", 0) >= 1
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 0
+    finally:
+        for process in (worker, server):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait(timeout=60)
