@@ -54,6 +54,9 @@ def _load_session(model: Path, threads: int) -> ort.InferenceSession:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     # Idle pool threads would otherwise busy-wait for the next batch, on the core the event loop needs.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # No arena: it kept each session's peak (+140 MB after the first batches, two sessions), and
+    # batches cost about the same without it (BENCHMARKS.md, issue 29).
+    options.enable_cpu_mem_arena = False
     return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
 
 
