@@ -308,6 +308,10 @@ def test_a_question_about_the_past_borrows_the_windows_room_for_its_turn_alone(
     assert report["epoch"]["new"] is False and borrowed["window_start"] > report["epoch"]["window_start"]
     assert _is_tail(sent[-2]) and "LK-4471-ZQ" in sent[-2]["content"]
     assert len(sent) < len(before)  # the window gave way for this turn
+    # No breakpoint after this turn's window (nothing would read it): after the system prompt only.
+    assert report["sent"]["cache_breaks"] == [0]
     after, report = ask(text(99, 30))  # a statement: the epoch's window again, its prefix as cached before
     assert "borrowed" not in report["epoch"]
+    window_end = len(after) - 2 - _is_tail(after[-2])  # before the tail, if any, and the question
+    assert report["sent"]["cache_breaks"] == [window_end]
     assert shares_prefix(before, after)

@@ -226,6 +226,10 @@ class ContextBuilder:
             messages.append(HistoryItem(tail_block, tail_zone.tokens))
         messages += current
         breaks = [i for i in (prefix_end, window_end) if i >= 0 and (i > prefix_end or stable_block)]
+        if "borrowed" in epoch:
+            # This turn's window is not the next turn's: a breakpoint after it would write a cache entry
+            # nothing reads; one after the system prompt and stable block reads what the epoch cached.
+            breaks = [prefix_end] if prefix_end >= 0 else []
         state.cache_breaks = tuple(sorted(set(breaks)))
 
         sent = known_tokens(messages) + fixed_extra
@@ -282,6 +286,8 @@ class ContextBuilder:
             "tail_at": len(system) + (stable_block is not None) + len(window)
             if tail_block is not None
             else None,
+            # Where the Anthropic doors put the gateway's cache breakpoints (indices into the messages).
+            "cache_breaks": list(state.cache_breaks),
         }
         state.sent_context = kept_context(stable_block, tail_block)
         return ChatPayload({**body, "messages": [item.message for item in messages]})
