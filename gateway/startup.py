@@ -25,7 +25,10 @@ def _no_key(tenant: TenantConfig) -> str:
 def _tenant(tenant: TenantConfig) -> list[str]:
     upstream = tenant.upstream
     where = upstream.base_url or upstream.provider
-    keys = "each client's own key" if upstream.pass_through_client_key else "the tenant's key"
+    keys = "the tenant's key"
+    if upstream.pass_through_client_key:
+        own = ", the gateway's own for background calls" if upstream.api_key is not None else ""
+        keys = "each client's own key" + own
     lines = [f"  tenant {tenant.name}: {where}, {keys}"]
     if not tenant.store_conversations:
         return [*lines, _line("everything", "off: store_conversations is false (a plain proxy)")]
