@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -68,6 +70,26 @@ class Gateway:
 
     def async_anthropic(self, api_key: str = GATEWAY_KEY, **kwargs: Any) -> AsyncAnthropic:
         return AsyncAnthropic(base_url=self.server.url, api_key=api_key, max_retries=0, **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_until_healthy(url: str, process: subprocess.Popen[Any], timeout: float = 120.0) -> None:
+    """Until a gateway started as a process answers `/healthz` (it fails at once if the process died)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, f"the gateway exited with {process.returncode}"
+        assert time.monotonic() < deadline, f"the gateway did not answer within {timeout:.0f} s"
+        time.sleep(0.2)
 
 
 def api(gateway: Gateway, path: str, key: str = GATEWAY_KEY) -> Any:

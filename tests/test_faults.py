@@ -33,6 +33,7 @@ from tests.conftest import (
     POSTGRES_URL,
     Gateway,
     Upstream,
+    free_port,
     postgres_available,
     tenant,
     wait_for_jobs,
@@ -191,12 +192,6 @@ def _serve(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     raise AssertionError("the gateway did not start")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_sigkill_mid_stream_keeps_the_question_and_the_next_turn_stores_what_the_client_got(
     upstream: Upstream, tmp_path: Path
 ) -> None:
@@ -205,7 +200,7 @@ def test_sigkill_mid_stream_keeps_the_question_and_the_next_turn_stores_what_the
     config = tmp_path / "kill.yaml"
     jobs = {"unanswered_index_seconds": 3, "poll_seconds": 0.2}
     config.write_text(json.dumps({"storage": storage, "tenants": tenants, "jobs": jobs}))
-    port = _free_port()
+    port = free_port()
     process = _serve(config, port, tmp_path / "gateway.log")
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=GATEWAY_KEY, max_retries=0)
     upstream.fake.enqueue(Reply("one two three four five six seven eight", chunk_delay=0.3))
@@ -268,7 +263,7 @@ def test_sigkill_mid_job_the_job_is_leased_again_and_runs_once(upstream: Upstrea
             {"storage": storage, "tenants": tenants, "jobs": {"lease_seconds": 3, "poll_seconds": 0.2}}
         )
     )
-    port = _free_port()
+    port = free_port()
     process = _serve(config, port, tmp_path / "gateway.log")
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=GATEWAY_KEY, max_retries=0)
     upstream.fake.enqueue_summary(Reply("SUMMARY: the held one.", delay=30))

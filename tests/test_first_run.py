@@ -6,28 +6,20 @@ it summarises, learns memories (read back by the real CLI) and retrieves."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from openai import OpenAI
 
 from gateway.fakes.openai_upstream import Reply
-from tests.conftest import Upstream
+from tests.conftest import Upstream, free_port, wait_until_healthy
 
 OWN_KEY = "sk-gateway-own"
 CLIENT_KEY = "sk-client"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -45,7 +37,7 @@ def _cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProc
 def first_run(upstream: Upstream, tmp_path: Path) -> Iterator[tuple[str, dict[str, str], Path]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OPENAI_"))}
     env |= {"OPENAI_API_KEY": OWN_KEY, "OPENAI_BASE_URL": upstream.base_url}
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "serve.log"
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -57,16 +49,7 @@ def first_run(upstream: Upstream, tmp_path: Path) -> Iterator[tuple[str, dict[st
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        wait_until_healthy(url, process)
         yield url, env, tmp_path
     finally:
         process.terminate()

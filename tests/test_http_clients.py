@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from gateway.fakes.openai_upstream import Reply, ToolCall
 from gateway.fakes.server import BackgroundServer
-from tests.conftest import Gateway, Upstream, tenant
+from tests.conftest import Gateway, Upstream, free_port, tenant
 
 CLIENTS = ["aiohttp", "httpx-aiohttp", "httpx"]
 VOLATILE = {"id", "created"}
@@ -48,12 +48,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return predicate()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(params=CLIENTS)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -31,16 +30,10 @@ import boto3
 from gateway.adapters.lance_index import LanceIndex
 from gateway.records import SearchQuery
 from gateway.wiring import index_table
-from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, free_port, recorded, tenant, wait_for_jobs
 
 REGION = "us-east-1"
 KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
