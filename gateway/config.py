@@ -311,7 +311,7 @@ class TenantConfig(_Frozen):
             retrieval.enabled
             and retrieval.embedder.provider == "upstream"
             and self.upstream.pass_through_client_key
-            and self.upstream.api_key is None
+            and not self.upstream.api_key
         ):
             raise ValueError(
                 "retrieval.embedder.provider 'upstream' needs a key of the gateway's own for background "

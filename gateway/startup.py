@@ -27,7 +27,7 @@ def _tenant(tenant: TenantConfig) -> list[str]:
     where = upstream.base_url or upstream.provider
     keys = "the tenant's key"
     if upstream.pass_through_client_key:
-        own = ", the gateway's own for background calls" if upstream.api_key is not None else ""
+        own = ", the gateway's own for background calls" if upstream.api_key else ""
         keys = "each client's own key" + own
     lines = [f"  tenant {tenant.name}: {where}, {keys}"]
     if not tenant.store_conversations:

@@ -229,14 +229,15 @@ def build_messages_upstream(tenant: TenantConfig) -> MessagesUpstream | None:
 
 def own_key(tenant: TenantConfig) -> bool:
     """The gateway has a key of its own for background calls: the tenant's, or with pass-through client
-    keys, `upstream.api_key` beside them (the no-config default takes OPENAI_API_KEY)."""
-    return not tenant.upstream.pass_through_client_key or tenant.upstream.api_key is not None
+    keys, a non-empty `upstream.api_key` beside them (`${OPENAI_API_KEY:-}` unset reads as ""; the
+    no-config default takes OPENAI_API_KEY)."""
+    return not tenant.upstream.pass_through_client_key or bool(tenant.upstream.api_key)
 
 
 def background_upstream(tenant: TenantConfig, upstream: Upstream) -> Upstream:
     """What the gateway's own calls for `tenant` go through: its key where a client's would go."""
     key = tenant.upstream.api_key
-    if tenant.upstream.pass_through_client_key and key is not None:
+    if tenant.upstream.pass_through_client_key and key:
         from gateway.adapters.own_key import OwnKeyUpstream
 
         return OwnKeyUpstream(upstream, key)

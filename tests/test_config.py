@@ -131,3 +131,16 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
     bad.write_text("tenants: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_a_pass_through_tenant_has_background_calls_only_with_a_non_empty_key_of_its_own() -> None:
+    from gateway.wiring import compacts, learns
+
+    def tenant_with(api_key: str | None) -> Any:
+        upstream = {"base_url": "http://x/v1", "api_key": api_key, "pass_through_client_key": True}
+        return parse_config({"tenants": [{"name": "t", "api_keys": [], "upstream": upstream}]}).tenants[0]
+
+    # `${OPENAI_API_KEY:-}` with the variable unset reads as "": no key to pay for summaries or memory.
+    for missing in (None, ""):
+        assert not compacts(tenant_with(missing)) and not learns(tenant_with(missing))
+    assert compacts(tenant_with("sk-own")) and learns(tenant_with("sk-own"))
