@@ -127,9 +127,11 @@ def test_epochs_are_stored_with_the_path_so_a_second_gateway_builds_the_same_byt
     assert shares_prefix(sent[-1], upstream.fake.last_chat().body["messages"])
 
 
-def test_the_tail_sits_right_before_the_question_and_the_stable_block_after_the_system_prompt(
-    upstream: Upstream, make_gateway: Callable[..., Gateway]
-) -> None:
+def indexed_chat(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], key_line: str, answer_words: int
+) -> tuple[Gateway, Any, list[dict[str, Any]]]:
+    """A gateway with retrieval at a 3,000-token budget, and a 30-turn chat whose first user turn is
+    `key_line`, sent whole once and indexed; returns the gateway, its client and the messages sent."""
     gateway = make_gateway(
         [
             tenant(
@@ -145,18 +147,27 @@ def test_the_tail_sits_right_before_the_question_and_the_stable_block_after_the_
     client = gateway.client()
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "The deploy key for ledger-api is LK-4471-ZQ, note it."},
+        {"role": "user", "content": key_line},
         {"role": "assistant", "content": "Noted."},
     ]
     for turn in range(30):
         messages += [
             {"role": "user", "content": text(turn, 30)},
-            {"role": "assistant", "content": text(500 + turn, 120)},
+            {"role": "assistant", "content": text(500 + turn, answer_words)},
         ]
     messages.append({"role": "user", "content": "ok"})
     upstream.fake.enqueue(Reply(content="fine"))
     client.chat.completions.create(model="gpt-4o", messages=messages)
     wait_for_jobs(gateway, timeout=600)  # the history's embedding, slow on a busy 2-core machine
+    return gateway, client, messages
+
+
+def test_the_tail_sits_right_before_the_question_and_the_stable_block_after_the_system_prompt(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    _, client, messages = indexed_chat(
+        upstream, make_gateway, "The deploy key for ledger-api is LK-4471-ZQ, note it.", 120
+    )
     messages += [
         {"role": "assistant", "content": "fine"},
         {"role": "user", "content": "What was the deploy key LK-4471-ZQ for again?"},
@@ -263,33 +274,9 @@ def test_a_cache_miss_says_whether_the_client_changed_its_prefix_the_cache_expir
 def test_a_question_about_the_past_borrows_the_windows_room_for_its_turn_alone(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
-    gateway = make_gateway(
-        [
-            tenant(
-                "acme",
-                upstream.base_url,
-                context={"budget_tokens": 3000},
-                compaction={"enabled": False},
-                retrieval={"enabled": True},
-            )
-        ],
-        jobs={"poll_seconds": 0.05},
+    gateway, client, messages = indexed_chat(
+        upstream, make_gateway, "The deploy key for the ledger service is LK-4471-ZQ, note it.", 150
     )
-    client = gateway.client()
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "The deploy key for the ledger service is LK-4471-ZQ, note it."},
-        {"role": "assistant", "content": "Noted."},
-    ]
-    for turn in range(30):
-        messages += [
-            {"role": "user", "content": text(turn, 30)},
-            {"role": "assistant", "content": text(500 + turn, 150)},
-        ]
-    messages.append({"role": "user", "content": "ok"})
-    upstream.fake.enqueue(Reply(content="fine"))
-    client.chat.completions.create(model="gpt-4o", messages=messages)
-    wait_for_jobs(gateway, timeout=600)  # the history's embedding, slow on a busy 2-core machine
     before = upstream.fake.last_chat().body["messages"]
 
     def ask(question: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
