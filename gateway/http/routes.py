@@ -120,13 +120,16 @@ class Endpoints:
 
     async def healthz(self, request: Request) -> Response:
         deps: Deps = request.state.deps
+        # The workers' own counts first: a job they count as done is then done in the queue's counts too
+        # (read the other way round, a job finishing between the reads showed running and done at once).
+        workers = {"count": len(deps.workers.worker_ids), **deps.workers.stats.snapshot()}
         body = {
             "status": "ok",
             "process": os.getpid(),  # which of `serve --workers N` answered
             "counters": deps.counters.snapshot(),
             "jobs": await deps.job_counts(),
             "indexing": await deps.indexing(),
-            "workers": {"count": len(deps.workers.worker_ids), **deps.workers.stats.snapshot()},
+            "workers": workers,
         }
         return Response(orjson.dumps(body), media_type="application/json")
 
