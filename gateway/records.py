@@ -116,7 +116,7 @@ def compact_job(
     return NewJob(COMPACT, tenant, payload, key=compaction_job_key(conversation_id))
 
 
-EMBED_MODES = ("all", "texts", "vectors")
+EMBED_MODES = ("all", "texts", "vectors", "context")
 
 
 def unanswered_embed_job(
@@ -144,19 +144,24 @@ class EmbedWork:
     """An embed job: index the `count` newest messages of the path ending at `leaf_id`.
 
     `mode` "all" writes texts and vectors; "texts" writes only texts (a large stretch is made findable by
-    keyword first); "vectors" embeds a stretch whose texts were written already. Large stretches are
-    split by the handler into bounded jobs of these kinds, newest messages first.
+    keyword first); "vectors" embeds each message of a stretch whose texts were written already, alone
+    (findable by meaning); "context" then embeds its views with its neighbours. Large stretches are
+    split by the handler into bounded jobs of these kinds, newest messages first. `then` is the whole
+    stretch (leaf, count) a "vectors" chain hands to a "context" chain when it ends.
     """
 
     conversation_id: str | None  # None: jobs queued before the field existed (read from the path)
     leaf_id: str
     count: int
     mode: str = "all"
+    then: tuple[str, int] | None = None
 
     def job(self, tenant: str) -> NewJob:
         payload: JSONObject = {"leaf_id": self.leaf_id, "count": self.count, "mode": self.mode}
         if self.conversation_id is not None:
             payload["conversation_id"] = self.conversation_id
+        if self.then is not None:
+            payload["then"] = [self.then[0], self.then[1]]
         prefix = embed_key_prefix(self.conversation_id) if self.conversation_id else f"{EMBED}:"
         return NewJob(EMBED, tenant, payload, key=f"{prefix}{self.mode}:{self.leaf_id}")
 
@@ -169,34 +174,49 @@ class EmbedWork:
             return None
         if mode not in EMBED_MODES or not isinstance(conversation_id, str | None):
             return None
+        then = payload.get("then")
+        if then is not None:
+            match then:
+                case [str(then_leaf), int(then_count)] if then_count >= 1 and then_count is not True:
+                    return cls(conversation_id, leaf_id, count, str(mode), (then_leaf, then_count))
+                case _:
+                    return None
         return cls(conversation_id, leaf_id, count, str(mode))
 
 
 @dataclass(frozen=True, slots=True)
 class IndexBacklog:
     """Messages of a conversation still waiting for the index: without any row yet (`unsearchable`, not
-    even found by keyword) and without vectors (`unembedded`, not found by meaning). Derived from the
-    pending embed jobs, so it is exact whichever replica runs them."""
+    even found by keyword), without vectors (`unembedded`, not found by meaning), and found by meaning
+    alone but not yet with their neighbours (`alone`). Derived from the pending embed jobs, so it is
+    exact whichever replica runs them."""
 
     unsearchable: int = 0
     unembedded: int = 0
+    alone: int = 0
 
     @classmethod
     def of(cls, pending: Sequence[JSONObject]) -> IndexBacklog:
-        unsearchable = unembedded = 0
+        unsearchable = unembedded = alone = 0
         for payload in pending:
             work = EmbedWork.parse(payload)
             if work is None:
                 continue
-            # A "texts" job's messages are also in the "vectors" job that will follow them.
+            # A "texts" job's messages are also in the "vectors" job that will follow them, and those in
+            # the "context" job that follows the vectors chain.
+            if work.mode == "context":
+                alone += work.count
+                continue
+            if work.mode == "vectors" and work.then is not None:
+                alone += work.then[1] - work.count  # embedded alone by the chain's jobs before it
             if work.mode != "texts":
                 unembedded += work.count
             if work.mode != "vectors":
                 unsearchable += work.count
-        return cls(unsearchable, unembedded)
+        return cls(unsearchable, unembedded, alone)
 
     def __bool__(self) -> bool:
-        return bool(self.unsearchable or self.unembedded)
+        return bool(self.unsearchable or self.unembedded or self.alone)
 
 
 EXTRACT_MEMORY = "extract_memory"

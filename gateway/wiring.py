@@ -162,6 +162,8 @@ class Deps:
             "messages": total,
             "searchable": max(total - backlog.unsearchable, 0),
             "embedded": max(total - backlog.unembedded, 0),
+            # Embedded with their neighbours' views too (a long history gets those last).
+            "with_neighbours": max(total - backlog.unembedded - backlog.alone, 0),
             "complete": not backlog,
         }
 
@@ -179,6 +181,7 @@ class Deps:
             "conversations": len(conversations),
             "unsearchable": backlog.unsearchable,
             "unembedded": backlog.unembedded,
+            "without_neighbours": backlog.alone,
         }
 
     async def aclose(self) -> None:

@@ -40,7 +40,9 @@ def chain(count: int) -> list[NewMessage]:
     return messages
 
 
-def test_a_long_stretch_is_indexed_in_bounded_jobs_texts_first_newest_first(database_url: str) -> None:
+def test_a_long_stretch_is_indexed_in_bounded_jobs_texts_then_alone_then_with_neighbours_newest_first(
+    database_url: str,
+) -> None:
     async def scenario() -> None:
         store = SqlStore.open(database_url)
         try:
@@ -55,27 +57,35 @@ def test_a_long_stretch_is_indexed_in_bounded_jobs_texts_first_newest_first(data
                 pending = await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme")
                 return IndexBacklog.of(pending)
 
+            def embedded(view: str) -> list[int]:
+                return sorted(
+                    r.row.depth for r in index.rows.values() if r.unit is not None and r.row.view == view
+                )
+
             assert await backlog() == IndexBacklog(unsearchable=300, unembedded=300)
-            embedded_depths: list[list[int]] = []
+            passes: list[tuple[list[int], list[int]]] = []
             while jobs := await store.jobs.lease("w", [EMBED], 60):
                 job = jobs[0]
                 before = len(embedder.calls)
                 await handler(job)
                 assert await store.jobs.complete(job, "w")
-                # One bounded batch per job: at most 50 messages, three views each.
+                # One bounded batch per job: 150 texts at most (one view of 150 messages, two of 75).
                 assert len(embedder.calls) == before + 1
                 assert len(embedder.calls[-1]) <= 150
-                embedded_depths.append(
-                    sorted({r.row.depth for r in index.rows.values() if r.unit is not None})
-                )
-                if len(embedded_depths) == 1:
-                    # After the first job every message is findable by keyword, the newest 50 by meaning.
+                passes.append((embedded("m"), embedded("w")))
+                if len(passes) == 1:
+                    # After the first job every message is findable by keyword, the newest 150 by meaning
+                    # (alone): no view with neighbours yet.
                     assert {r.row.node_id for r in index.rows.values()} == {m.id for m in messages}
-                    assert embedded_depths[0][0] >= 249
-                    assert await backlog() == IndexBacklog(unsearchable=0, unembedded=250)
-            assert len(embedded_depths) == 6  # 300 messages, 50 a job
-            # Newest first: each job reached further back than the one before.
-            assert [d[0] for d in embedded_depths] == sorted((d[0] for d in embedded_depths), reverse=True)
+                    assert passes[0] == (list(range(150, 300)), [])
+                    assert await backlog() == IndexBacklog(unsearchable=0, unembedded=150, alone=150)
+                if len(passes) == 2:
+                    assert passes[1] == (list(range(300)), [])
+                    assert await backlog() == IndexBacklog(alone=300)
+            assert len(passes) == 2 + 4  # one view of 300 messages, 150 a job; then the other two, 75 a job
+            # Newest first: each job with neighbours reached further back than the one before.
+            reach = [min(w) for _, w in passes[2:]]
+            assert reach == [224, 149, 74, 0]
             assert all(r.unit is not None for r in index.rows.values())
             # Every message in every view it has: "m" for all, "p" and "w" from the second on.
             views = {(r.row.node_id, r.row.view) for r in index.rows.values()}
@@ -105,8 +115,11 @@ def test_texts_of_a_very_long_stretch_go_in_chunks_too(database_url: str) -> Non
             await store.jobs.complete(job, "w")
             pending = await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme")
             modes = sorted((p["mode"], p["count"]) for p in pending)
-            assert modes == [("texts", 30), ("vectors", total - 100)]
-            assert IndexBacklog.of(pending) == IndexBacklog(unsearchable=30, unembedded=total - 100)
+            # The first job embedded the newest 300 messages alone (100 messages' worth of texts).
+            assert modes == [("texts", 30), ("vectors", total - 300)]
+            assert IndexBacklog.of(pending) == IndexBacklog(
+                unsearchable=30, unembedded=total - 300, alone=300
+            )
             alone = {r.row.node_id for r in index.rows.values() if r.row.view == "m"}
             assert alone == {m.id for m in messages[-TEXT_CHUNK_MESSAGES:]}
         finally:
@@ -186,15 +199,27 @@ def test_a_700_message_history_in_one_request_is_fully_indexed_under_a_short_lea
     sent = "\n".join(str(m["content"]) for m in upstream.fake.last_chat().body["messages"][:-1])
     assert f"the reference is {IDENTIFIERS[2]}" in sent
     report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
-    assert report["sections"]["retrieval"]["index_backlog"]["unembedded"] > 0
+    backlog = report["sections"]["retrieval"]["index_backlog"]
+    assert backlog["unembedded"] + backlog["without_neighbours"] > 0
 
     jobs = wait_for_jobs(gateway, timeout=300)
     assert jobs["failed"] == 0  # no job was cancelled for its size (max_attempts 1: one timeout fails it)
     health = httpx.get(f"{gateway.server.url}/healthz").json()
     assert health["workers"]["retried"] == 0 and health["workers"]["failed"] == 0
-    assert health["indexing"] == {"conversations": 0, "unsearchable": 0, "unembedded": 0}
+    assert health["indexing"] == {
+        "conversations": 0,
+        "unsearchable": 0,
+        "unembedded": 0,
+        "without_neighbours": 0,
+    }
     done = conversation_index(gateway, conversation_id)
-    assert done == {"messages": 702, "searchable": 702, "embedded": 702, "complete": True}
+    assert done == {
+        "messages": 702,
+        "searchable": 702,
+        "embedded": 702,
+        "with_neighbours": 702,
+        "complete": True,
+    }
     # Progress only ever went forward.
     embedded = [s["embedded"] for s in samples]
     assert embedded == sorted(embedded)
@@ -410,6 +435,7 @@ def test_exchanges_queued_while_no_worker_ran_are_indexed_by_one_job(
         "messages": 10,
         "searchable": 10,
         "embedded": 10,
+        "with_neighbours": 10,
         "complete": True,
     }
     metrics = {

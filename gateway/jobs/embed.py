@@ -3,10 +3,11 @@
 Each message is indexed in three views (itself; with its parent; with its parent and child) because a
 short reply ("yes, port 8443 then") carries its meaning in its neighbours. An exchange's views are
 embedded in one batch and written together. A large stretch (a long history arriving in one request, an
-import) is split into bounded jobs so none outlives its lease: its texts are written first, in chunks of
-`TEXT_CHUNK_MESSAGES` (the full-text index finds every message at once), then its vectors
-`IndexTarget.batch_messages` messages per job, newest first (what the next questions are most likely
-about). If the embedder fails, the texts are written alone, so the messages are findable by keyword until
+import) is split into bounded jobs so none outlives its lease, in three passes, each newest first (what
+the next questions are most likely about): its texts, in chunks of `TEXT_CHUNK_MESSAGES` (the full-text
+index finds every message at once); each message's own view (findable by meaning, a sixth of the model's
+work: the other two views hold two and three messages); then the views with neighbours. A job embeds at
+most `IndexTarget.batch_messages` messages' worth of texts. If the embedder fails, the texts are written alone, so the messages are findable by keyword until
 a retry adds the vectors. Writes are keyed by row id: a retry rewrites nothing twice. Until its job has
 run (normally within a second of the answer) a message is in the recent window.
 """
@@ -34,6 +35,9 @@ DEFAULT_BATCH_MESSAGES = 64
 # one thread spent over 60 s on 64 messages of ~2,000 characters). About 4 s a job on this machine.
 BATCH_CHARS = 24_000
 TEXT_COST_CHARS = 2_000
+# The views each kind of job embeds; "vectors" jobs queued before the passes were split embed all three.
+_ALL_VIEWS = ("m", "p", "w")
+_VIEWS = {"vectors": ("m",), "context": ("p", "w")}
 _BRANCH_READS = 3  # paths a job reads looking for its branch's newest queued exchange (`_absorb`)
 
 
@@ -117,20 +121,29 @@ class EmbedHandler:
         if work.mode == "texts":
             await self._texts(job.tenant, target, work)
             return
-        count = min(work.count, target.batch_messages)
-        found = await self._read(job.tenant, work, count)
+        await self._embed(job.tenant, target, work)
+
+    async def _embed(self, tenant: str, target: IndexTarget, work: EmbedWork) -> None:
+        """Embed the newest views of the stretch that one job holds; queue the rest."""
+        views = _VIEWS.get(work.mode) if work.then is not None or work.mode == "context" else None
+        # A job's bound is in texts: three views a message, or as many messages again when it embeds fewer.
+        count = min(work.count, target.batch_messages * 3 // len(views or _ALL_VIEWS))
+        found = await self._read(tenant, work, count)
         if found is None:
             return  # deleted meanwhile
         path, conversation_id, user_id = found
-        rows = index_rows(job.tenant, user_id, path, count)
+        rows = [r for r in index_rows(tenant, user_id, path, count) if views is None or r.view in views]
         count = _within_chars(rows, path, count)
-        kept = {m.node.id for m in path[len(path) - count :]}
-        rows = [r for r in rows if _owner(r) in kept]
         if work.mode == "all" and work.count > count:
             # Too large for one job (many messages, or long ones): every message findable by keyword
-            # first, then the vectors in batches.
-            await self._texts(job.tenant, target, replace(work, mode="texts"))
-            work = replace(work, mode="vectors")
+            # first, then by meaning alone (one text each, a sixth of the model's work), then with its
+            # neighbours, each pass in bounded jobs, newest first.
+            await self._texts(tenant, target, replace(work, mode="texts"))
+            stretch = (work.leaf_id, work.count)
+            await self._embed(tenant, target, EmbedWork(conversation_id, *stretch, "vectors", stretch))
+            return
+        kept = {m.node.id for m in path[len(path) - count :]}
+        rows = [r for r in rows if _owner(r) in kept]
         if rows:
             try:
                 vectors = await target.embedder.embed([r.text for r in rows])
@@ -141,11 +154,13 @@ class EmbedHandler:
             # One write per batch (each write is a new table version and fragment, see lance_index); it
             # also fills in the vectors of rows whose texts were written first.
             await target.index.add([replace(r, vector=v) for r, v in zip(rows, vectors, strict=True)])
-        if await self._deleted(job.tenant, target, conversation_id):
+        if await self._deleted(tenant, target, conversation_id):
             return
         if work.count > count:
-            rest = EmbedWork(conversation_id, path[-count - 1].node.id, work.count - count, "vectors")
-            await self.queue.enqueue(rest.job(job.tenant))
+            rest = replace(work, leaf_id=path[-count - 1].node.id, count=work.count - count)
+            await self.queue.enqueue(rest.job(tenant))
+        elif work.mode == "vectors" and work.then is not None:
+            await self.queue.enqueue(EmbedWork(conversation_id, *work.then, "context").job(tenant))
 
     async def _absorb(self, job: Job, work: EmbedWork) -> EmbedWork:
         """This job's work grown by the conversation's later exchanges still queued on the same branch,

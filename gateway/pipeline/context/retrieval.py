@@ -236,6 +236,7 @@ class RetrievalSection:
             found.detail["index_backlog"] = {
                 "unsearchable": backlog.unsearchable,
                 "unembedded": backlog.unembedded,
+                "without_neighbours": backlog.alone,
             }
         searched = time.perf_counter()
         candidates = fuse(result, self._semantic_weight(question))
