@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -280,36 +281,56 @@ def ask(
 _WORD = re.compile(r"\w+")
 
 
-def bm25_baseline(samples: list[Sample], budget: int) -> Score:
-    """The baseline the issue compares with: plain BM25 (k1 1.2, b 0.75) over single turns, CJK text as
-    character bigrams, each hit sent with the turn either side, best first, until `budget` tokens (the
-    gateway's tokenizer) are full. No recent window, no dates: only what ranks."""
+def bm25_ranking(sample: Sample) -> Callable[[str], list[float]]:
+    """Plain BM25 (k1 1.2, b 0.75) over the sample's single turns, CJK text as character bigrams: the
+    scores of every turn for a question."""
+    docs = [Counter(_WORD.findall(cjk_bigrams(content).lower())) for _, _, content, _ in sample.turns]
+    lengths = [sum(d.values()) for d in docs]
+    average = statistics.fmean(lengths)
+    frequency: Counter[str] = Counter(term for d in docs for term in d)
+    idf = {t: math.log(1 + (len(docs) - n + 0.5) / (n + 0.5)) for t, n in frequency.items()}
+
+    def scores(question: str) -> list[float]:
+        terms = set(_WORD.findall(cjk_bigrams(question).lower()))
+        return [
+            sum(
+                idf[t] * d[t] * 2.2 / (d[t] + 1.2 * (0.25 + 0.75 * length / average)) for t in terms if t in d
+            )
+            for d, length in zip(docs, lengths, strict=True)
+        ]
+
+    return scores
+
+
+def bm25_baseline(samples: list[Sample], budget: int, window_share: float = 0.0) -> Score:
+    """The baseline the issue compares with: plain BM25 over single turns (`bm25_ranking`), each hit
+    sent with the turn either side, best first, until `budget` tokens (the gateway's tokenizer) are
+    full. No recent window, no dates: only what ranks.
+
+    With `window_share` (0.5: "half window + half BM25"), the newest turns up to that share of the
+    budget are sent verbatim first, and BM25 ±1 fills the rest with turns not already in the window."""
     count = TiktokenTokenizer.for_model("gpt-4o-mini").count
     score = Score()
     for sample in samples:
-        docs = [Counter(_WORD.findall(cjk_bigrams(content).lower())) for _, _, content, _ in sample.turns]
-        lengths = [sum(d.values()) for d in docs]
-        average = statistics.fmean(lengths)
-        frequency: Counter[str] = Counter(term for d in docs for term in d)
-        idf = {t: math.log(1 + (len(docs) - n + 0.5) / (n + 0.5)) for t, n in frequency.items()}
+        ranking = bm25_ranking(sample)
         tokens = [count(content) + 1 for _, _, content, _ in sample.turns]
         ids = [dia for dia, _, _, _ in sample.turns]
+        window: set[int] = set()
+        window_room = int(budget * window_share)
+        for at in range(len(tokens) - 1, -1, -1):  # the recent window: newest turns that fit, in a row
+            if tokens[at] > window_room:
+                break
+            window.add(at)
+            window_room -= tokens[at]
+        window_tokens = sum(tokens[i] for i in window)
         for question, evidence, category in sample.questions:
-            terms = set(_WORD.findall(cjk_bigrams(question).lower()))
-            scores = [
-                sum(
-                    idf[t] * d[t] * 2.2 / (d[t] + 1.2 * (0.25 + 0.75 * length / average))
-                    for t in terms
-                    if t in d
-                )
-                for d, length in zip(docs, lengths, strict=True)
-            ]
-            room = budget - count(question)
-            taken: set[int] = set()
-            for at in sorted(range(len(docs)), key=lambda i: scores[i], reverse=True):
+            scores = ranking(question)
+            room = budget - window_tokens - count(question)
+            taken = set(window)
+            for at in sorted(range(len(tokens)), key=lambda i: scores[i], reverse=True):
                 if scores[at] <= 0 or room <= 0:
                     break
-                span = [i for i in (at - 1, at, at + 1) if 0 <= i < len(docs) and i not in taken]
+                span = [i for i in (at - 1, at, at + 1) if 0 <= i < len(tokens) and i not in taken]
                 cost = sum(tokens[i] for i in span)
                 if cost <= room:
                     taken.update(span)
@@ -339,7 +360,7 @@ def epoch_phase(report: dict[str, Any]) -> str:
     return "window under 1/3 of the budget" if share < 1 / 3 else "window 1/3 of the budget or more"
 
 
-def report(name: str, score: Score) -> dict[str, Any]:
+def report(name: str, score: Score, brief: bool = False) -> dict[str, Any]:
     every = [v for values in score.recall.values() for v in values]
     row: dict[str, Any] = {
         "variant": name,
@@ -352,6 +373,7 @@ def report(name: str, score: Score) -> dict[str, Any]:
         "retrieval_p95_ms": percentile(score.retrieval_ms, 0.95),
         "overhead_p50_ms": percentile(score.overhead_ms, 0.5),
         "overhead_p95_ms": percentile(score.overhead_ms, 0.95),
+        "counts": {c: len(v) for c, v in sorted(score.recall.items())},
     }
     for part, values in score.parts_ms.items():
         row[f"{part}_p50_ms"] = percentile(values, 0.5)
@@ -363,7 +385,11 @@ def report(name: str, score: Score) -> dict[str, Any]:
         f"{name:<22} recall {row['overall']:5.1f} %  ({cats})  tokens mean {row['tokens_mean']:.0f} "
         f"max {row['tokens_max']}  retrieval p50 {row['retrieval_p50_ms']:.1f} ms "
         f"p95 {row['retrieval_p95_ms']:.1f} ms" + (f"  skipped {row['skipped']}" if score.skipped else "")
+        if not brief
+        else f"{name:<22} recall {row['overall']:5.1f} %  ({cats})  tokens mean {row['tokens_mean']:.0f}"
     )
+    if brief:
+        return row
     row["phases"] = {p: (len(v), 100 * statistics.fmean(v)) for p, v in sorted(score.phases.items())}
     phases = ", ".join(f"{p}: {n} questions, {r:.1f} %" for p, (n, r) in row["phases"].items())
     print(f"{'':<22} recall by epoch phase: {phases}")
@@ -383,60 +409,15 @@ def report(name: str, score: Score) -> dict[str, Any]:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--budgets", default="2000,4000,8000")
-    parser.add_argument("--conversations", type=int, default=0, help="only the first N (0: all)")
-    parser.add_argument("--window-only", action="store_true", help="also measure without retrieval")
-    parser.add_argument(
-        "--at-once",
-        action="store_true",
-        help="send each conversation's whole history in one request (an app that starts using the "
-        "gateway mid-conversation) instead of turn by turn",
-    )
-    parser.add_argument(
-        "--bm25", action="store_true", help="also score the BM25 ±1 baseline (offline) at each budget"
-    )
-    parser.add_argument("--json", type=Path, help="write the figures here too")
-    parser.add_argument(
-        "--dump",
-        type=Path,
-        help="write every question's evidence, what was found and the retrieval report, one file per variant "
-        "(q.json -> q-budget-4000.json)",
-    )
-    parser.add_argument(
-        "--keep",
-        type=Path,
-        help="replay into this directory and keep it; a later run with it skips the replay",
-    )
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
-        help="a retrieval setting for every variant, e.g. --set candidates=120 (repeatable)",
-    )  # fmt: skip
-    args = parser.parse_args()
-    if not args.data.exists():
-        sys.exit(f"LoCoMo data not found at {args.data} (pass --data)")
-    samples = load(args.data)
-    if args.conversations:
-        samples = samples[: args.conversations]
-    budgets = [int(b) for b in args.budgets.split(",")]
-    tuning = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
-    questions = sum(len(s.questions) for s in samples)
-    print(
-        f"{len(samples)} conversations, {sum(len(s.turns) for s in samples)} turns, {questions} questions "
-        f"(categories 1-4); evidence ids repaired {sum(s.repaired_evidence for s in samples)}, "
-        f"skipped {sum(s.skipped_evidence for s in samples)}"
-    )
+def measure(
+    args: argparse.Namespace, samples: list[Sample], budgets: list[int], tuning: dict[str, Any], tag: str
+) -> list[dict[str, Any]]:
+    """Replay the samples through the gateway and ask every question, once per variant (`tag`: the
+    set's name when several are measured, for its own --keep and --dump paths)."""
     fake = FakeUpstream()
-    rows = []
-    if args.bm25:
-        for budget in budgets:
-            rows.append(report(f"bm25 ±1 {budget}", bm25_baseline(samples, budget)))
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp, BackgroundServer(fake.app()) as upstream:
-        data_dir = args.keep or Path(tmp)
+        data_dir = (args.keep / tag if tag and args.keep else args.keep) or Path(tmp)
         data_dir.mkdir(parents=True, exist_ok=True)
         saved = data_dir / ("sent-at-once.json" if args.at_once else "replayed.json")
         upstream_url = f"{upstream.url}/v1"
@@ -474,12 +455,117 @@ def main() -> None:
                 rows.append(report(name, score))
                 if args.dump:
                     dumped = args.dump.with_name(
-                        f"{args.dump.stem}-{name.replace(' ', '-')}{args.dump.suffix}"
+                        f"{args.dump.stem}{'-' + tag if tag else ''}-{name.replace(' ', '-')}{args.dump.suffix}"
                     )
                     dumped.write_text(json.dumps(score.questions, indent=1))
             asyncio.run(deps.aclose())  # the app's lifespan did not build these deps, so it leaves them
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--data", action="append", default=[],
+        help=f"a LoCoMo-format file (repeatable, or comma-separated; default {DEFAULT_DATA})",
+    )  # fmt: skip
+    parser.add_argument("--budgets", default="2000,4000,8000")
+    parser.add_argument("--conversations", type=int, default=0, help="only the first N (0: all)")
+    parser.add_argument("--window-only", action="store_true", help="also measure without retrieval")
+    parser.add_argument(
+        "--at-once",
+        action="store_true",
+        help="send each conversation's whole history in one request (an app that starts using the "
+        "gateway mid-conversation) instead of turn by turn",
+    )
+    parser.add_argument(
+        "--bm25",
+        action="store_true",
+        help="also score the offline baselines at each budget: BM25 ±1, and half window + half BM25 ±1",
+    )
+    parser.add_argument(
+        "--baselines-only",
+        action="store_true",
+        help="only the offline baselines of --bm25, for every set; no gateway is started",
+    )
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument(
+        "--dump",
+        type=Path,
+        help="write every question's evidence, what was found and the retrieval report, one file per variant "
+        "(q.json -> q-budget-4000.json)",
+    )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="replay into this directory and keep it; a later run with it skips the replay",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a retrieval setting for every variant, e.g. --set candidates=120 (repeatable)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    paths = [Path(p) for item in args.data or [str(DEFAULT_DATA)] for p in item.split(",") if p]
+    for path in paths:
+        if not path.exists():
+            sys.exit(f"data not found at {path} (pass --data)")
+    budgets = [int(b) for b in args.budgets.split(",")]
+    tuning = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.set)}
+    names = [path.stem for path in paths]
+    if len(set(names)) < len(names):
+        names = [str(path) for path in paths]
+    results: dict[str, list[dict[str, Any]]] = {}
+    for name, path in zip(names, paths, strict=True):
+        samples = load(path)
+        if args.conversations:
+            samples = samples[: args.conversations]
+        questions = sum(len(s.questions) for s in samples)
+        print(
+            f"{name}: {len(samples)} conversations, {sum(len(s.turns) for s in samples)} turns, {questions} "
+            f"questions; evidence ids repaired {sum(s.repaired_evidence for s in samples)}, "
+            f"skipped {sum(s.skipped_evidence for s in samples)}"
+        )
+        rows = []
+        if args.bm25 or args.baselines_only:
+            for budget in budgets:
+                rows.append(report(f"bm25 ±1 {budget}", bm25_baseline(samples, budget), args.baselines_only))
+                half = bm25_baseline(samples, budget, window_share=0.5)
+                rows.append(report(f"half window+bm25 {budget}", half, args.baselines_only))
+        if not args.baselines_only:
+            rows += measure(args, samples, budgets, tuning, name if len(paths) > 1 else "")
+        results[name] = rows
+    side_by_side(results)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        every = [{"set": name, **row} for name, rows in results.items() for row in rows]
+        args.json.write_text(json.dumps(every if len(paths) > 1 else results[names[0]], indent=2))
+
+
+def side_by_side(results: dict[str, list[dict[str, Any]]]) -> None:
+    """The final table: every set's recall by category (questions in brackets) for every variant."""
+    variants = list(dict.fromkeys(row["variant"] for rows in results.values() for row in rows))
+    if not variants:
+        return
+    width = max(24, *(len(v) + 2 for v in variants))
+    for name, rows in results.items():
+        by_variant = {row["variant"]: row for row in rows}
+        first = rows[0]
+        columns = ["overall", *first["counts"]]
+        counts = {"overall": first["questions"], **first["counts"]}
+        print(f"\n{name}")
+        print(f"{'':<{width}}" + "".join(f"{f'{c} ({counts[c]})':>22}" for c in columns))
+        for variant in variants:
+            row = by_variant.get(variant)
+            if row:
+                print(f"{variant:<{width}}" + "".join(f"{row.get(c, float('nan')):>22.1f}" for c in columns))
+    print("\nside by side, overall recall %")
+    print(f"{'':<{width}}" + "".join(f"{name[:28]:>30}" for name in results))
+    for variant in variants:
+        cells = []
+        for rows in results.values():
+            row = next((r for r in rows if r["variant"] == variant), None)
+            cells.append(f"{row['overall']:>30.1f}" if row else f"{'':>30}")
+        print(f"{variant:<{width}}" + "".join(cells))
 
 
 if __name__ == "__main__":
