@@ -71,7 +71,7 @@ class Run:
     settled_mb: float  # `--settle` seconds later (background indexing done)
 
 
-def one_run(label: str, pythonpath: Path, upstream: str, settle: float, quiet: bool) -> Run:
+def one_run(label: str, pythonpath: Path, upstream: str, model: str, settle: float, quiet: bool) -> Run:
     with tempfile.TemporaryDirectory(prefix="idle-memory-") as work:
         env = {
             key: value
@@ -91,7 +91,7 @@ def one_run(label: str, pythonpath: Path, upstream: str, settle: float, quiet: b
         try:
             start_s = wait_healthy(url, process)
             idle = rss_mb(process.pid)
-            body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello there!"}]}
+            body = {"model": model, "messages": [{"role": "user", "content": "Hello there!"}]}
             began = time.perf_counter()
             response = httpx.post(
                 f"{url}/v1/chat/completions",
@@ -161,6 +161,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="runs per checkout (default 5)")
     parser.add_argument("--before", type=Path, help="another checkout's root, run alternately")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after the request (default 3)")
+    parser.add_argument("--model", default="gpt-4o-mini", help="the chat request's (default gpt-4o-mini)")
     parser.add_argument("--verbose", action="store_true", help="show the gateways' logs")
     args = parser.parse_args()
     checkouts = [("this", ROOT)] + ([("before", args.before.resolve())] if args.before else [])
@@ -170,7 +171,7 @@ def main() -> None:
         for number in range(args.runs):
             order = checkouts if number % 2 == 0 else checkouts[::-1]
             for label, path in order:
-                run = one_run(label, path, upstream_url, args.settle, not args.verbose)
+                run = one_run(label, path, upstream_url, args.model, args.settle, not args.verbose)
                 runs.append(run)
                 print(
                     f"{label:8} start {run.start_s:.2f} s, idle {run.idle_mb:.0f} MB, first request "

@@ -8,7 +8,12 @@ import random
 import pytest
 
 from gateway.adapters import tiktoken_tokenizer
-from gateway.adapters.tiktoken_tokenizer import AVAILABLE, TiktokenTokenizer, load_encoding
+from gateway.adapters.tiktoken_tokenizer import (
+    AVAILABLE,
+    TiktokenTokenizer,
+    TiktokenTokenizers,
+    load_encoding,
+)
 
 # Pieces that meet at line breaks in every way the pre-tokenizer treats differently: punctuation that
 # swallows the newline after it (".\n"), "/" that continues a chunk past a newline, contractions,
@@ -137,3 +142,29 @@ def test_joined_texts_counted_from_their_own_counts_equal_the_whole_count(name: 
             assert block is not None and tokens == tokenizer.count_message(block) == len(
                 encoding.encode_ordinary(str(block["content"]))
             ) + tokenizer.count_message({"role": "system", "content": ""})
+
+
+# tiktoken's own ids for this text (taken from a freshly loaded tiktoken 0.14 encoding, Python ranks kept).
+IDS = {
+    "o200k_base": [13225, 2375, 11, 290, 23496, 402, 3135, 220, 44827, 18, 9363, 25, 457, 7633, 19, 13],
+    "cl100k_base": [9906, 1917, 11, 279, 10739, 389, 2700, 220, 24344, 18, 4745, 25, 469, 4513, 19, 13],
+}
+
+
+@pytest.mark.parametrize("name", AVAILABLE)
+def test_encodings_count_right_without_their_python_vocabulary(name: str) -> None:
+    encoding = load_encoding(name)
+    assert "_mergeable_ranks" not in vars(encoding)  # freed at load (issue 29)
+    text = "Hello world, the deploy on port 8443 failed: E1234."
+    assert encoding.encode_ordinary(text) == IDS[name]
+    assert encoding.decode(IDS[name]) == text
+    assert TiktokenTokenizer(encoding).count(text) == len(IDS[name])
+
+
+def test_an_encoding_loads_when_a_model_first_needs_it() -> None:
+    tokenizers = TiktokenTokenizers()
+    assert tokenizers.for_model("gpt-4o").name == "o200k_base"
+    assert tokenizers.for_model("claude-sonnet-4").name == "o200k_base"  # the fallback
+    assert set(tokenizers._by_encoding) == {"o200k_base"}
+    assert tokenizers.for_model("gpt-4").name == "cl100k_base"
+    assert set(tokenizers._by_encoding) == {"o200k_base", "cl100k_base"}
