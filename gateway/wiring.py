@@ -411,7 +411,21 @@ class Embedders:
 def build_indexes(config: GatewayConfig, embedders: Embedders) -> dict[str, IndexTarget]:
     """Each retrieving tenant's embedder and index; tenants sharing a model share both (one table per
     model, rows filtered by tenant)."""
-    from gateway.adapters.lance_index import LanceIndex
+    from gateway.adapters.lazy_index import LazyVectorIndex
+
+    def opener(table: str, dimensions: int) -> Callable[[], VectorIndex]:
+        def open_index() -> VectorIndex:
+            from gateway.adapters.lance_index import LanceIndex  # LanceDB: ~90 MB, imported here
+
+            return LanceIndex.open(
+                config.storage.index_location,
+                table,
+                dimensions,
+                storage_options=config.storage.index_storage_options or None,
+                cache_rows=config.storage.vector_cache_mb * 2**20 // (4 * dimensions),
+            )
+
+        return open_index
 
     indexes: dict[str, VectorIndex] = {}
     targets: dict[str, IndexTarget] = {}
@@ -421,13 +435,8 @@ def build_indexes(config: GatewayConfig, embedders: Embedders) -> dict[str, Inde
         embedder = embedders.for_tenant(tenant)
         table = index_table(embedder.model)
         if table not in indexes:
-            indexes[table] = LanceIndex.open(
-                config.storage.index_location,
-                table,
-                embedder.dimensions,
-                storage_options=config.storage.index_storage_options or None,
-                cache_rows=config.storage.vector_cache_mb * 2**20 // (4 * embedder.dimensions),
-            )
+            # Opened by its first use, not now: an idle gateway holds no LanceDB (lazy_index.py).
+            indexes[table] = LazyVectorIndex(opener(table, embedder.dimensions))
         targets[tenant.name] = IndexTarget(embedder, indexes[table], tenant.retrieval.index_batch_messages)
     return targets
 
@@ -441,7 +450,20 @@ def build_memory(
     config: GatewayConfig, embedders: Embedders, upstreams: Mapping[str, Upstream]
 ) -> dict[str, MemoryTarget]:
     """Each remembering tenant's memory index (a table per embedding model, beside the messages')."""
-    from gateway.adapters.lance_memories import LanceMemoryVectors
+    from gateway.adapters.lazy_index import LazyMemoryVectors
+
+    def opener(table: str, dimensions: int) -> Callable[[], MemoryVectors]:
+        def open_vectors() -> MemoryVectors:
+            from gateway.adapters.lance_memories import LanceMemoryVectors
+
+            return LanceMemoryVectors.open(
+                config.storage.index_location,
+                table,
+                dimensions,
+                storage_options=config.storage.index_storage_options or None,
+            )
+
+        return open_vectors
 
     tables: dict[str, MemoryVectors] = {}
     targets: dict[str, MemoryTarget] = {}
@@ -451,12 +473,7 @@ def build_memory(
         embedder = embedders.for_tenant(tenant)
         table = memory_table(embedder.model)
         if table not in tables:
-            tables[table] = LanceMemoryVectors.open(
-                config.storage.index_location,
-                table,
-                embedder.dimensions,
-                storage_options=config.storage.index_storage_options or None,
-            )
+            tables[table] = LazyMemoryVectors(opener(table, embedder.dimensions))  # as the indexes
         targets[tenant.name] = MemoryTarget(upstreams[tenant.name], tenant.memory, embedder, tables[table])
     return targets
 
