@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
+from gateway.collector import release_free_heap
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.http.errors import handle_gateway_error, handle_http_exception
@@ -27,6 +28,8 @@ def create_app(config: GatewayConfig, deps: Deps | None = None) -> ASGIApp:
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Deps]]:
         owned = deps is None
         resources = build_deps(config) if deps is None else deps
+        if owned:
+            release_free_heap()  # what building them freed, back to the system (collector.py)
         try:
             # The job workers run as long as the app does, whoever built the deps.
             async with resources.workers.running():
