@@ -231,7 +231,12 @@ def idle(http: httpx.Client) -> None:
 
 
 def ask(
-    http: httpx.Client, fake: FakeUpstream, sample: Sample, history: list[dict[str, str]], score: Score
+    http: httpx.Client,
+    fake: FakeUpstream,
+    sample: Sample,
+    history: list[dict[str, str]],
+    score: Score,
+    quiet: bool = True,
 ) -> None:
     """Each question as a branch at the end of the conversation. Sent as raw JSON on one keep-alive
     connection: the gateway runs in this process, and the SDK's per-request work on 600-message bodies
@@ -239,7 +244,8 @@ def ask(
     contents = {dia: content for dia, _, content, _ in sample.turns}
     headers = {"authorization": f"Bearer {KEY}", "x-user-id": sample.sample_id}
     for question, evidence, category in sample.questions:
-        idle(http)
+        if quiet:  # else asked while the history is still being indexed
+            idle(http)
         fake.received.clear()
         body = {"model": "gpt-4o-mini", "messages": [*history, {"role": "user", "content": question}]}
         response = http.post("/v1/chat/completions", content=orjson.dumps(body), headers=headers)
@@ -435,9 +441,18 @@ def measure(
                     fake.record = False
                     started = time.perf_counter()
                     send = send_at_once if args.at_once else replay
+                    early = Score()
                     for sample in samples:
                         histories[sample.sample_id] = send(client, fake, clock, sample)
                         print(f"  sent {sample.sample_id}: {len(sample.turns)} turns", flush=True)
+                        if args.right_after:
+                            clock.now = sample.turns[-1][3] + timedelta(minutes=5)
+                            fake.record = True
+                            with httpx.Client(base_url=gateway.url, timeout=120) as http:
+                                ask(http, fake, sample, histories[sample.sample_id], early, quiet=False)
+                            fake.record = False
+                    if args.right_after:
+                        rows.append(report(f"{name} right after", early))
                     replayed = time.perf_counter() - started
                     wait_for_jobs(gateway.url)
                     print(
@@ -488,6 +503,12 @@ def main() -> None:
         "--baselines-only",
         action="store_true",
         help="only the offline baselines of --bm25, for every set; no gateway is started",
+    )
+    parser.add_argument(
+        "--right-after",
+        action="store_true",
+        help="also ask each conversation's questions right after its history arrived, while it is being "
+        "indexed (needs a fresh --keep directory; with the first budget)",
     )
     parser.add_argument("--json", type=Path, help="write the figures here too")
     parser.add_argument(

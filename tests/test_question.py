@@ -15,6 +15,7 @@ from gateway.pipeline.context.question import (
     contains_term,
     exact_terms,
     named_terms,
+    states,
     time_range_of,
 )
 
@@ -71,6 +72,12 @@ def test_apostrophes_are_no_quotes() -> None:
 def test_names_and_reasons() -> None:
     assert named_terms("Then Chen Jie owns ledger-api, says Priya.") == ("ledger-api", "chen jie", "priya")
     assert named_terms("The build is green. Okay.") == ()
+    # In a Chinese question a plain English word is a name too (not in an English one).
+    assert exact_terms("存 refunds 的那个数据库跑的是哪个 Postgres 版本？") == ("refunds", "postgres")
+    assert exact_terms("Which database stores refunds?") == ()
+    # Values are no leads: a time, a date, a year, a port, a duration, a share.
+    text = "At 06:09 on 2026-05-08 the cache-01 warm-up (port 8443) took 45s, 12% slower than in 2025."
+    assert named_terms(text) == ("cache-01", "warm-up")
     assert analyse("Why did we drop Redis?", NOW).asks_why
     assert analyse("我们为什么决定用 Kafka？", NOW).asks_why
     assert analyse("Redis를 왜 뺐지?", NOW).asks_why
@@ -156,3 +163,24 @@ def test_identifiers_inside_chinese_and_korean_text() -> None:
     assert not contains_term("端口是18443", "8443")
     assert analyse("我们之前讨论过的方案", NOW).about_past
     assert analyse("아까 말했던 포트 번호", NOW).about_past
+
+
+def test_a_turn_that_asks_about_a_term_does_not_state_it() -> None:
+    asked = "is p99 fine? what is the current retry policy for fx-rates? i keep forgetting."
+    assert not states(asked, "fx-rates")
+    assert states("update: fx-rates goes to 2 retries. does that work?", "fx-rates")
+    assert not states("fx-rates 的重试策略现在是什么？", "fx-rates")
+
+
+@pytest.mark.parametrize(
+    ("question", "current"),
+    [
+        ("What is the current retry policy for fx-rates?", True),
+        ("Which alert routing did we end up with for doc-render?", True),
+        ("doc-render 目前的告警路由是什么？", True),
+        ("When did we roll back courier?", False),
+        ("What did Melanie paint last year?", False),
+    ],
+)
+def test_a_question_about_how_things_stand_now_is_told_apart(question: str, current: bool) -> None:
+    assert analyse(question, NOW).asks_current is current

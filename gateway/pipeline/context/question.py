@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from gateway.pipeline.text import CJK
+from gateway.pipeline.text import CJK, mostly_cjk
 
 _MONTHS = {
     name: index + 1
@@ -66,6 +66,8 @@ _QUOTED = re.compile(r"[\"“`]([^\"”`]{3,80})[\"”`]|(?<!\w)['\u2018]([^'\u2
 # A CJK letter does not end an English identifier ("parse_config.py里的" names the file).
 _WORD_CHAR = rf"[^\W{CJK}]"
 _ONE_WORD_CHAR = re.compile(_WORD_CHAR)
+# A whole Latin word, not a piece of a longer identifier ("ledger" of "ledger-api", "parse_config" of ".py").
+_LATIN_WORD = re.compile(r"(?<![\w./:-])[A-Za-z][A-Za-z0-9_]{2,}(?![\w/:-]|\.\w)", re.ASCII)
 # Kebab-case names ("ledger-api", "session-broker"): how services, hosts and packages are spelled.
 _KEBAB = re.compile(rf"(?<!{_WORD_CHAR}|-)[A-Za-z][a-z0-9]+(?:-[a-z0-9]{{2,}})+(?!{_WORD_CHAR}|-)")
 
@@ -162,12 +164,21 @@ class TimeRange:
     phrase: str
 
 
+# Asks for where something stands now ("the current timeout", "what did we end up with", "目前", "최종"):
+# a value said several times, revised, whose newest statement answers.
+_CURRENT = re.compile(
+    r"\b(?:current(?:ly)?|now|latest|final(?:ly)?|end(?:ed)? up|settled? on|landed|at the moment|these days|"
+    r"still)\b|现在|現在|目前|当前|當前|最终|最終|最后|最後|最新|定下来|定下來|지금|현재|최종|최근"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class QuestionFacts:
     about_past: bool
     time_range: TimeRange | None
     terms: tuple[str, ...]  # exact terms to look for verbatim (lower-cased)
     asks_why: bool = False  # asks for a reason ("why", "what was the reason", "为什么", "왜")
+    asks_current: bool = False  # asks where something stands now ("current", "end up with", "目前")
 
 
 def analyse(question: str, now: datetime) -> QuestionFacts:
@@ -179,6 +190,7 @@ def analyse(question: str, now: datetime) -> QuestionFacts:
         time_range=time_range,
         terms=exact_terms(question),
         asks_why=_WHY.search(lowered) is not None,
+        asks_current=_CURRENT.search(lowered) is not None,
     )
 
 
@@ -190,6 +202,10 @@ def exact_terms(question: str) -> tuple[str, ...]:
         if len(m.group(0)) <= _LONGEST_TERM and _MARK.search(m.group(0))
     ]
     terms += [m.group(0) for m in _KEBAB.finditer(question)]
+    if mostly_cjk(question):
+        # A Latin word in a Chinese, Japanese or Korean question names something ("存 refunds 的数据库":
+        # the table), as a mark would in an English one.
+        terms += [m.group(0) for m in _LATIN_WORD.finditer(question)]
     seen: dict[str, None] = {}
     for term in terms:
         # "10" or "e.g" would match nearly anything: a term needs three characters.
@@ -210,9 +226,14 @@ _NOT_NAMES = frozenset(_STARTERS.split()) | frozenset(_MONTHS)
 _CAPITALISED = re.compile(r"(?<![\w-])[A-Z][^\W\d_]{2,}(?:\s+[A-Z][^\W\d_]{2,})*")
 
 
+# A number, time, date, size or duration ("8443", "06:09", "2026-05-08", "45s", "12%"): a value a message
+# states, not a name that another message picks up.
+_VALUE = re.compile(r"[v#]?[\d:.,/%+-]+(?:am|pm|utc|z|ms|s|m|h|d|k|x|[kmgt]i?b?)?", re.I)
+
+
 def named_terms(text: str) -> tuple[str, ...]:
     """What a message names (lower-cased): its exact terms and its capitalised names ("Priya",
-    "Chen Jie"), the leads of a second search."""
+    "Chen Jie"), the leads of a second search; values (numbers, times, dates) are no leads."""
     names = []
     for match in _CAPITALISED.finditer(text):
         words = match.group(0).lower().split()
@@ -220,7 +241,20 @@ def named_terms(text: str) -> tuple[str, ...]:
             words.pop(0)
         if words:
             names.append(" ".join(words))
-    return tuple(dict.fromkeys([*exact_terms(text), *names]))
+    terms = [t for t in exact_terms(text) if not _VALUE.fullmatch(t)]
+    return tuple(dict.fromkeys([*terms, *names]))
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?\uff1f\u3002\uff01])\s+|\n+")
+
+
+def states(lowered: str, term: str) -> bool:
+    """Whether a message holds `term` in a sentence that is not a question."""
+    return any(
+        contains_term(sentence, term) and not sentence.rstrip().endswith(("?", "\uff1f"))
+        for sentence in _SENTENCE_END.split(lowered)
+        if term in sentence
+    )
 
 
 def contains_term(text: str, term: str) -> bool:

@@ -30,6 +30,7 @@ from gateway.pipeline.context.question import (
     contains_term,
     exact_terms,
     named_terms,
+    states,
 )
 from gateway.pipeline.context.ranking import RRF_K, Candidate, fuse, smoothed
 from gateway.pipeline.context.section import BuildInput, Proposal
@@ -61,9 +62,14 @@ RARE_TERM = 4
 # ("nightly-export runs on etl-07" for "where does nightly-export run?") are searched for too, and what
 # holds them ranks at HOP_SHARE of the match that named them, less further down the keyword ranking.
 HOP_FROM = 2
+CURRENT_RECENCY = 1.0
 HOP_LIMIT = 10
 HOP_SHARE = 0.8
 HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere in particular
+HOP_TERMS = (
+    4  # leads searched at most: the rarest in the whole path (a word said in every session drowns them)
+)
+HOP_COMMON_SHARE = 50  # nor a lead said more often than once in this many messages of the path
 LINE_CACHE_SIZE = 50_000
 
 
@@ -267,10 +273,13 @@ class RetrievalSection:
         }
         found.matched_terms = sorted(t for t, n in holding.items() if n)
         weight = {t: 2.0 / RRF_K * min(1.0, RARE_TERM / holding[t]) for t in found.matched_terms}
+        # Recency breaks ties, and weighs more where the question asks how things stand now (the newest
+        # of a value's revisions answers it; the older ones stay reachable, lower).
+        recency = CURRENT_RECENCY if facts.asks_current else 0.1
         for c in on_path:
             text = texts[c.node_id]
             c.score += sum(w for t, w in weight.items() if t in text and contains_term(text, t))
-            c.score += 0.1 / RRF_K * positions[c.node_id] / max(len(path), 1)  # recency breaks ties
+            c.score += recency / RRF_K * positions[c.node_id] / max(len(path), 1)
         on_path.sort(key=lambda c: c.score, reverse=True)
         hopped = time.perf_counter()
         if hop := await self._hop(query, found, on_path, path, positions, recent, texts):
@@ -314,7 +323,8 @@ class RetrievalSection:
         asked = query.text.lower()
         # Matched by a search (not only a neighbour's), and holding the question's own terms if any do.
         searched = [c for c in ranked if c.views]
-        own = [c for c in searched if any(contains_term(texts[c.node_id], t) for t in found.matched_terms)]
+        # A turn that only asks about the question's terms (the same question asked before) states no link.
+        own = [c for c in searched if any(states(texts[c.node_id], t) for t in found.matched_terms)]
         named: dict[str, Candidate] = {}
         for source in (own or searched)[:HOP_FROM]:
             for term in named_terms(message_text(path[positions[source.node_id]].message)):
@@ -323,6 +333,13 @@ class RetrievalSection:
                 # Said all over the conversation (a speaker's name, a word like "keep-alive"): no lead.
                 if sum(term in text and contains_term(text, term) for text in texts.values()) <= HOP_COMMON:
                     named[term] = source
+        if not named:
+            return []
+        # The same test over the whole path (the candidates are a small part of a long one), rarest first:
+        # an ordinary word capitalised at a sentence's start ("Proposal: ...") is said everywhere.
+        said = "\n".join(map(self._lowered, path))
+        common = max(HOP_COMMON, len(path) // HOP_COMMON_SHARE)
+        named = {t: named[t] for t in sorted(named, key=said.count)[:HOP_TERMS] if said.count(t) <= common}
         if not named:
             return []
         try:

@@ -1,0 +1,150 @@
+"""A long history indexed by the real server while it serves another chat: how soon the history is
+searchable, and what the indexing costs the request path (issue 28).
+
+    python benchmarks/index_while_serving.py                                # LoCoMo dev, 2,500 messages
+    python benchmarks/index_while_serving.py --data benchmarks/data/workchat-en.json --before /tmp/before
+
+`python -m gateway serve` (default settings, a key of its own so summaries and memory run) in its own
+process, on a fake upstream. Per round:
+  1. idle: a second chat of short turns at `--rate` requests a second, `--requests` of them; the
+     gateway's own time per request (`x-gateway-overhead-ms`) is kept;
+  2. the history (`--messages` turns of the set's conversations, end to end) in one request, then the
+     same chat again while the history is indexed, until it is or `--requests` have gone;
+  3. `GET /api/conversations/{id}` every 0.5 s: when every message was findable by keyword, by meaning,
+     and with its neighbours' views (those the server reports; before that split, by meaning is all).
+Prints both latency rows (p50, p99) and their ratio, and the three times; `--before CHECKOUT` runs the
+same from another checkout in the same session, alternating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bulk_index import LOCOMO, history  # noqa: E402
+from cache import KEY, GatewayProcess  # noqa: E402
+
+from gateway.fakes.openai_upstream import FakeUpstream  # noqa: E402
+from gateway.fakes.server import BackgroundServer  # noqa: E402
+
+AUTH = {"authorization": f"Bearer {KEY}"}
+
+
+def chat(http: httpx.Client, rate: float, requests: int, stop: threading.Event | None = None) -> list[float]:
+    """Short turns of one chat at `rate` a second; the gateway's own milliseconds for each."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": "You are a helpful assistant."}]
+    overheads: list[float] = []
+    for turn in range(requests):
+        if stop is not None and stop.is_set():
+            break
+        started = time.perf_counter()
+        messages.append({"role": "user", "content": f"Turn {turn}: what should I cook with leeks tonight?"})
+        response = http.post(
+            "/v1/chat/completions",
+            json={"model": "gpt-4o-mini", "messages": messages},
+            headers={**AUTH, "x-user-id": "chatter"},
+        )
+        response.raise_for_status()
+        overheads.append(float(response.headers["x-gateway-overhead-ms"]))
+        messages.append({"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]})
+        time.sleep(max(1 / rate - (time.perf_counter() - started), 0))
+    return overheads
+
+
+def watch(http: httpx.Client, conversation_id: str, started: float, limit: float) -> dict[str, float]:
+    """Seconds from the history's request until all of it was searchable, embedded, with neighbours."""
+    times: dict[str, float] = {}
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        index = http.get(f"/api/conversations/{conversation_id}", headers=AUTH).json()["index"]
+        elapsed = time.perf_counter() - started
+        for key in ("searchable", "embedded", "with_neighbours"):
+            if key not in times and index.get(key) == index["messages"]:
+                times[key] = elapsed
+        if index["complete"]:
+            times.setdefault("with_neighbours", elapsed)  # a server without the split
+            return times
+        time.sleep(0.5)
+    return times
+
+
+def run(name: str, checkout: Path, turns: list[dict[str, str]], args: argparse.Namespace) -> dict[str, Any]:
+    fake = FakeUpstream(record=False)
+    with tempfile.TemporaryDirectory() as tmp, BackgroundServer(fake.app()) as upstream:
+        gateway = GatewayProcess(checkout, Path(tmp), f"{upstream.url}/v1")
+        try:
+            with httpx.Client(base_url=gateway.url, timeout=600) as http:
+                chat(http, args.rate, 5)  # warm-up: connections, the first embedding, the first store
+                idle = chat(http, args.rate, args.requests)
+                started = time.perf_counter()
+                body = {"model": "gpt-4o-mini", "messages": turns}
+                response = http.post("/v1/chat/completions", json=body, headers={**AUTH, "x-user-id": "bulk"})
+                response.raise_for_status()
+                conversation_id = response.headers["x-conversation-id"]
+                stop = threading.Event()
+                busy: list[float] = []
+                chatter = threading.Thread(
+                    target=lambda: busy.extend(chat(http, args.rate, args.requests, stop))
+                )
+                chatter.start()
+                with httpx.Client(base_url=gateway.url, timeout=60) as watcher:
+                    times = watch(watcher, conversation_id, started, args.limit)
+                stop.set()
+                chatter.join()
+        finally:
+            gateway.close()
+    return {"name": name, "idle": idle, "busy": busy, "times": times}
+
+
+def q(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, default=LOCOMO, help="a LoCoMo-format file")
+    parser.add_argument("--messages", type=int, default=2500)
+    parser.add_argument("--rate", type=float, default=2.0, help="the other chat's requests a second")
+    parser.add_argument(
+        "--requests", type=int, default=200, help="the other chat's requests per phase at most"
+    )
+    parser.add_argument("--limit", type=float, default=900, help="seconds to wait for the index")
+    parser.add_argument("--before", type=Path, help="another checkout, run alternately")
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    turns = history(args.data, args.messages)
+    if turns[-1]["role"] == "assistant":
+        turns.append({"role": "user", "content": "Thanks, talk soon."})
+    checkouts = [("this tree", ROOT)] + ([("before", args.before)] if args.before else [])
+    print(f"{len(turns)} messages from {args.data.name}; the other chat at {args.rate}/s")
+    for round_ in range(args.rounds):
+        for name, checkout in checkouts:
+            out = run(name, checkout, turns, args)
+            idle, busy, times = out["idle"], out["busy"], out["times"]
+            shown = ", ".join(f"{k} after {v:.0f} s" for k, v in times.items()) or "not indexed in time"
+            print(
+                f"round {round_ + 1}, {name}: {shown} | gateway ms idle p50 {q(idle, 0.5):.1f} "
+                f"p99 {q(idle, 0.99):.1f} ({len(idle)}) | while indexing p50 {q(busy, 0.5):.1f} "
+                f"p99 {q(busy, 0.99):.1f} ({len(busy)}) | p99 ratio {q(busy, 0.99) / q(idle, 0.99):.2f}x, "
+                f"mean {statistics.fmean(busy) / statistics.fmean(idle):.2f}x",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
