@@ -188,8 +188,21 @@ def test_a_700_message_history_in_one_request_is_fully_indexed_under_a_short_lea
     health = httpx.get(f"{gateway.server.url}/healthz").json()
     assert health["indexing"]["conversations"] == 1 and health["indexing"]["unembedded"] > 0
 
-    # Asked now, an identifier from turn 20 is found by keyword, and the report says the search ran over a
-    # partly indexed conversation.
+    # Asked now, a question naming no term is still asked over the old messages (their vectors are not
+    # there to score it by meaning): the keyword search finds the planted turns.
+    history += [
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Which reference did I ask you to remember for later?"},
+    ]
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+    answer = raw.parse().choices[0].message.content
+    sent = "\n".join(str(m["content"]) for m in upstream.fake.last_chat().body["messages"][:-1])
+    assert "Remember this for later: the reference is" in sent
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    assert report["sections"]["retrieval"]["index_backlog"]["unembedded"] > 0
+
+    # An identifier from turn 20 is found by keyword, and the report says the search ran over a partly
+    # indexed conversation.
     history += [
         {"role": "assistant", "content": answer},
         {"role": "user", "content": f"What did I say about {IDENTIFIERS[2]}?"},
@@ -214,10 +227,10 @@ def test_a_700_message_history_in_one_request_is_fully_indexed_under_a_short_lea
     }
     done = conversation_index(gateway, conversation_id)
     assert done == {
-        "messages": 702,
-        "searchable": 702,
-        "embedded": 702,
-        "with_neighbours": 702,
+        "messages": 704,
+        "searchable": 704,
+        "embedded": 704,
+        "with_neighbours": 704,
         "complete": True,
     }
     # Progress only ever went forward.

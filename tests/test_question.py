@@ -78,6 +78,10 @@ def test_names_and_reasons() -> None:
     # Values are no leads: a time, a date, a year, a port, a duration, a share.
     text = "At 06:09 on 2026-05-08 the cache-01 warm-up (port 8443) took 45s, 12% slower than in 2025."
     assert named_terms(text) == ("cache-01", "warm-up")
+    assert named_terms("Don't page anyone: 2024-03-10T18:46:57Z webhooks.retry lag 3Gi, Ines says.") == (
+        "webhooks.retry",
+        "ines",
+    )
     assert analyse("Why did we drop Redis?", NOW).asks_why
     assert analyse("我们为什么决定用 Kafka？", NOW).asks_why
     assert analyse("Redis를 왜 뺐지?", NOW).asks_why

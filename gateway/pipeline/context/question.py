@@ -223,17 +223,16 @@ _STARTERS = (
     "great hi hey hello please right well monday tuesday wednesday thursday friday saturday sunday"
 )
 _NOT_NAMES = frozenset(_STARTERS.split()) | frozenset(_MONTHS)
-_CAPITALISED = re.compile(r"(?<![\w-])[A-Z][^\W\d_]{2,}(?:\s+[A-Z][^\W\d_]{2,})*")
+_CAPITALISED = re.compile(r"(?<![\w-])[A-Z][^\W\d_]{2,}(?:\s+[A-Z][^\W\d_]{2,})*(?!['\u2019]t\b)")
 
 
 # A number, time, date, size or duration ("8443", "06:09", "2026-05-08", "45s", "12%"): a value a message
 # states, not a name that another message picks up.
-_VALUE = re.compile(r"[v#]?[\d:.,/%+-]+(?:am|pm|utc|z|ms|s|m|h|d|k|x|[kmgt]i?b?)?", re.I)
+_VALUE = re.compile(r"[v#]?[\d:.,/%+-]+(?:t[\d:.,+-]+)?(?:am|pm|utc|z|ms|s|m|h|d|k|x|[kmgt]i?b?)?", re.I)
 
 
-def named_terms(text: str) -> tuple[str, ...]:
-    """What a message names (lower-cased): its exact terms and its capitalised names ("Priya",
-    "Chen Jie"), the leads of a second search; values (numbers, times, dates) are no leads."""
+def capitalised_names(text: str) -> tuple[str, ...]:
+    """The capitalised names a message holds, lower-cased ("Priya", "Chen Jie")."""
     names = []
     for match in _CAPITALISED.finditer(text):
         words = match.group(0).lower().split()
@@ -241,8 +240,14 @@ def named_terms(text: str) -> tuple[str, ...]:
             words.pop(0)
         if words:
             names.append(" ".join(words))
+    return tuple(dict.fromkeys(names))
+
+
+def named_terms(text: str) -> tuple[str, ...]:
+    """What a message names (lower-cased): its exact terms, then its capitalised names, the leads of a
+    second search; values (numbers, times, dates) are no leads."""
     terms = [t for t in exact_terms(text) if not _VALUE.fullmatch(t)]
-    return tuple(dict.fromkeys([*terms, *names]))
+    return tuple(dict.fromkeys([*terms, *capitalised_names(text)]))
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?\uff1f\u3002\uff01])\s+|\n+")

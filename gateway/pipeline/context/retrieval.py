@@ -27,6 +27,7 @@ from gateway.pipeline.call import HistoryItem, QuestionVector
 from gateway.pipeline.context.question import (
     QuestionFacts,
     analyse,
+    capitalised_names,
     contains_term,
     exact_terms,
     named_terms,
@@ -65,7 +66,7 @@ HOP_FROM = 2
 CURRENT_RECENCY = 1.0
 HOP_LIMIT = 10
 HOP_SHARE = 0.8
-HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere in particular
+HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere in particular...
 HOP_TERMS = (
     4  # leads searched at most: the rarest in the whole path (a word said in every session drowns them)
 )
@@ -151,7 +152,11 @@ class RetrievalSection:
         past = facts.time_range is not None or (asks and found.best_similarity >= fair)
         # A question that old messages answer closely is one about the past too, in any tense.
         close_question = asks and found.best_similarity >= self.similarity.close
-        if (facts.about_past and past) or old_only or close_question:
+        # Old messages still waiting for their vectors (a long history that just arrived) cannot be
+        # scored by meaning: a question is asked over them as if they matched.
+        backlog = found.detail.get("index_backlog")
+        unscored = asks and isinstance(backlog, dict) and bool(backlog.get("unembedded"))
+        if (facts.about_past and past) or old_only or close_question or unscored:
             found.detail["why"] = (
                 "terms only old messages hold"
                 if old_only
@@ -159,6 +164,8 @@ class RetrievalSection:
                     "a question about the past"
                     if facts.about_past and past
                     else "a question close to old messages"
+                    if close_question
+                    else "a question while old messages are being embedded"
                 )
             )
             return self.config.recall_allowance_tokens
@@ -326,20 +333,24 @@ class RetrievalSection:
         # A turn that only asks about the question's terms (the same question asked before) states no link.
         own = [c for c in searched if any(states(texts[c.node_id], t) for t in found.matched_terms)]
         named: dict[str, Candidate] = {}
+        names: set[str] = set()
+        common = max(HOP_COMMON, len(texts) // HOP_COMMON_SHARE)
         for source in (own or searched)[:HOP_FROM]:
-            for term in named_terms(message_text(path[positions[source.node_id]].message)):
+            said = message_text(path[positions[source.node_id]].message)
+            names.update(capitalised_names(said))
+            for term in named_terms(said):
                 if contains_term(asked, term) or term in named:
                     continue
                 # Said all over the conversation (a speaker's name, a word like "keep-alive"): no lead.
-                if sum(term in text and contains_term(text, term) for text in texts.values()) <= HOP_COMMON:
+                if sum(term in text and contains_term(text, term) for text in texts.values()) <= common:
                     named[term] = source
-        if not named:
-            return []
-        # The same test over the whole path (the candidates are a small part of a long one), rarest first:
-        # an ordinary word capitalised at a sentence's start ("Proposal: ...") is said everywhere.
-        said = "\n".join(map(self._lowered, path))
-        common = max(HOP_COMMON, len(path) // HOP_COMMON_SHARE)
-        named = {t: named[t] for t in sorted(named, key=said.count)[:HOP_TERMS] if said.count(t) <= common}
+        if names & named.keys():
+            # A capitalised word that the path also says in lower case is an ordinary word starting a
+            # sentence ("Proposal: ...", "Confirmed that ..."), not a name.
+            everything = "\n".join(message_text(item.message) for item in path)
+            named = {t: c for t, c in named.items() if t not in names or not contains_term(everything, t)}
+        # Identifiers first, then names, a few at most.
+        named = {t: named[t] for t in sorted(named, key=names.__contains__)[:HOP_TERMS]}
         if not named:
             return []
         try:
