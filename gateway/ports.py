@@ -247,6 +247,12 @@ class JobQueue(Protocol):
         """Jobs per status (queued, running, done, failed)."""
         ...
 
+    async def oldest_queued(self) -> dict[str, float]:
+        """Per kind, the seconds the oldest queued job that is due has waited since it became due (a
+        delayed or backed-off job counts from its run-after time, not before); kinds with none are left
+        out, so an empty queue gives {}. One query, all tenants."""
+        ...
+
     async def pending(self, kind: str, key_prefix: str, tenant: str | None = None) -> list[JSONObject]:
         """Payloads of the queued and running jobs of `kind` whose key starts with `key_prefix` (e.g. one
         conversation's indexing backlog)."""

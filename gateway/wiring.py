@@ -150,6 +150,15 @@ class Deps:
             log.warning("cannot count jobs", exc_info=True)
             return None
 
+    async def oldest_queued(self) -> dict[str, float] | None:
+        """Per kind, the seconds the oldest due queued job has waited (the backlog's age); None when the
+        database cannot say."""
+        try:
+            return await self.jobs.oldest_queued()
+        except StoreError:
+            log.warning("cannot age the job backlog", exc_info=True)
+            return None
+
     async def index_progress(self, conversation: Conversation) -> JSONObject | None:
         """How far the index has got with a conversation: messages stored, searchable (by keyword at
         least) and embedded; None when its tenant has no retrieval."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.adapters.sql.jobs import SqlJobQueue
 from gateway.adapters.sql.store import SqlStore
@@ -419,9 +420,74 @@ def test_the_app_runs_registered_handlers_and_reports_jobs_on_healthz(database_u
         while (health := httpx.get(f"{server.url}/healthz").json())["workers"]["done"] < 1:
             assert time.monotonic() < deadline, health
             time.sleep(0.01)
-    assert health["jobs"] == {"queued": 0, "running": 0, "done": 1, "failed": 0}
+    assert health["jobs"] == {
+        "queued": 0,
+        "running": 0,
+        "done": 1,
+        "failed": 0,
+        "oldest_queued_seconds": 0.0,
+        "oldest_queued_seconds_by_kind": {},
+    }
     assert health["workers"] == {"count": 1, "done": 1, "retried": 0, "failed": 0, "lost": 0, "released": 0}
     assert handler.payloads == [7]
+    asyncio.run(deps.aclose())
+
+
+def _oldest_queued_metric(url: str) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics").text
+    return {
+        sample.labels["kind"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "gateway_jobs_oldest_queued_seconds"
+        for sample in family.samples
+    }
+
+
+def test_healthz_and_metrics_show_the_age_of_the_backlog(database_url: str) -> None:
+    """With no worker running, a queued job ages on /healthz and /metrics; a delayed one (not due) does
+    not count; once the job has run, the backlog's age is 0 on /healthz and absent from /metrics."""
+    config = parse_config(
+        {
+            "storage": {"database_url": database_url},
+            "jobs": {"workers": 0},
+            "tenants": [{"name": "acme", "api_keys": ["k"], "upstream": {"base_url": "http://x/v1"}}],
+        },
+        {},
+    )
+    deps = build_deps(config)
+
+    async def enqueue() -> None:
+        async with opened(database_url) as queue:
+            await queue.enqueue(NewJob("record", "acme", {"n": 1}))
+            await queue.enqueue(NewJob("later", "acme", {"n": 2}, delay_seconds=600))
+
+    async def run_it() -> None:
+        async with opened(database_url) as queue:
+            [job] = await queue.lease("w", ["record"], lease_seconds=5)
+            assert await queue.complete(job, "w")
+
+    with BackgroundServer(create_app(config, deps)) as server:
+        empty = httpx.get(f"{server.url}/healthz").json()["jobs"]
+        assert empty["oldest_queued_seconds"] == 0
+        assert empty["oldest_queued_seconds_by_kind"] == {}
+        assert _oldest_queued_metric(server.url) == {}
+
+        asyncio.run(enqueue())
+        time.sleep(0.3)
+        jobs = httpx.get(f"{server.url}/healthz").json()["jobs"]
+        assert jobs["queued"] == 2
+        assert 0.2 <= jobs["oldest_queued_seconds"] < 60
+        assert list(jobs["oldest_queued_seconds_by_kind"]) == ["record"]  # "later" is not due yet
+        assert jobs["oldest_queued_seconds_by_kind"]["record"] == jobs["oldest_queued_seconds"]
+        scraped = _oldest_queued_metric(server.url)
+        assert list(scraped) == ["record"] and 0.2 <= scraped["record"] < 60
+
+        asyncio.run(run_it())
+        jobs = httpx.get(f"{server.url}/healthz").json()["jobs"]
+        assert (jobs["queued"], jobs["done"]) == (1, 1)
+        assert jobs["oldest_queued_seconds"] == 0
+        assert jobs["oldest_queued_seconds_by_kind"] == {}
+        assert _oldest_queued_metric(server.url) == {}
     asyncio.run(deps.aclose())
 
 

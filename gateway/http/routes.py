@@ -28,6 +28,7 @@ from gateway.http.exchange import count_message_tokens, exchange, overhead_heade
 from gateway.http.headers import to_client, to_upstream
 from gateway.http.memory_api import memory_routes
 from gateway.http.streaming import RelayResponse
+from gateway.ports import JSON
 from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.tenants import Caller
 from gateway.wiring import Deps
@@ -116,18 +117,28 @@ class Endpoints:
         """Prometheus text format; the queue counts are left out (not wrong) when the store is down."""
         deps: Deps = request.state.deps
         queue = await deps.job_counts()
-        return Response(deps.metrics.exposition(queue or {}), media_type=METRICS_CONTENT_TYPE)
+        oldest = await deps.oldest_queued()
+        return Response(deps.metrics.exposition(queue or {}, oldest or {}), media_type=METRICS_CONTENT_TYPE)
 
     async def healthz(self, request: Request) -> Response:
         deps: Deps = request.state.deps
         # The workers' own counts first: a job they count as done is then done in the queue's counts too
         # (read the other way round, a job finishing between the reads showed running and done at once).
         workers = {"count": len(deps.workers.worker_ids), **deps.workers.stats.snapshot()}
+        jobs: dict[str, JSON] | None = None
+        counts = await deps.job_counts()
+        if counts is not None:
+            # The backlog's age: how long the oldest job that could run now has waited (0 when none).
+            oldest = await deps.oldest_queued()
+            jobs = {**counts}
+            if oldest is not None:
+                jobs["oldest_queued_seconds"] = round(max(oldest.values(), default=0.0), 3)
+                jobs["oldest_queued_seconds_by_kind"] = {k: round(v, 3) for k, v in sorted(oldest.items())}
         body = {
             "status": "ok",
             "process": os.getpid(),  # which of `serve --workers N` answered
             "counters": deps.counters.snapshot(),
-            "jobs": await deps.job_counts(),
+            "jobs": jobs,
             "indexing": await deps.indexing(),
             "workers": workers,
         }

@@ -39,6 +39,7 @@ class _Snapshot(Collector):
     def __init__(self, counters: Counters) -> None:
         self._counters = counters
         self.queue: Mapping[str, int] = {}
+        self.oldest: Mapping[str, float] = {}
 
     def collect(self) -> Iterator[Metric]:
         values = self._counters.snapshot()
@@ -59,6 +60,14 @@ class _Snapshot(Collector):
         for status, count in sorted(self.queue.items()):
             jobs.add_metric([status], count)
         yield jobs
+        oldest = GaugeMetricFamily(
+            "gateway_jobs_oldest_queued_seconds",
+            "Seconds the oldest queued job that is due has waited, by kind (kinds with none are absent).",
+            labels=["kind"],
+        )
+        for kind, seconds in sorted(self.oldest.items()):
+            oldest.add_metric([kind], seconds)
+        yield oldest
 
 
 class Metrics:
@@ -140,7 +149,8 @@ class Metrics:
         if seconds is not None:
             self.job_seconds.labels(kind).observe(seconds)
 
-    def exposition(self, queue: Mapping[str, int]) -> bytes:
-        """The text format, with the queue counts just read."""
+    def exposition(self, queue: Mapping[str, int], oldest: Mapping[str, float] | None = None) -> bytes:
+        """The text format, with the queue counts and the backlog's age by kind just read."""
         self._snapshot.queue = dict(queue)
+        self._snapshot.oldest = dict(oldest or {})
         return generate_latest(self.registry)

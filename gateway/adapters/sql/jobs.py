@@ -162,6 +162,12 @@ class _Statements:
             )
         )
         self.counts: Select[Any] = select(_JOBS.c.status, func.count()).group_by(_JOBS.c.status)
+        # Due queued jobs only (the status and run_after index finds them), with the clock they are aged by.
+        self.oldest_queued: Select[Any] = (
+            select(_JOBS.c.kind, func.min(_JOBS.c.run_after), now)
+            .where(_JOBS.c.status == "queued", _JOBS.c.run_after <= now)
+            .group_by(_JOBS.c.kind)
+        )
         self.tenant_counts: Select[Any] = self.counts.where(_JOBS.c.tenant == bindparam("tenant"))
         self.get: Select[Any] = select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
         # Few jobs are pending at a time: the status index finds them, the kind and key filter the rest.
@@ -353,6 +359,19 @@ class SqlJobQueue:
                     rows = connection.execute(self._statements.tenant_counts, {"tenant": tenant})
                 counts.update({row[0]: int(row[1]) for row in rows})
             return counts
+
+        return await self._run(run)
+
+    async def oldest_queued(self) -> dict[str, float]:
+        def run() -> dict[str, float]:
+            params = self._statements.clock.params()
+            with self.engine.connect() as connection:
+                rows = connection.execute(self._statements.oldest_queued, params).all()
+            return {
+                row[0]: max((_aware(row[2]) - _aware(row[1])).total_seconds(), 0.0)
+                for row in rows
+                if row[1] is not None
+            }
 
         return await self._run(run)
 
