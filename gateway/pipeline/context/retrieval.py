@@ -63,14 +63,13 @@ RARE_TERM = 4
 # ("nightly-export runs on etl-07" for "where does nightly-export run?") are searched for too, and what
 # holds them ranks at HOP_SHARE of the match that named them, less further down the keyword ranking.
 HOP_FROM = 2
-CURRENT_RECENCY = 1.0
 HOP_LIMIT = 10
 HOP_SHARE = 0.8
-HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere in particular...
-HOP_TERMS = (
-    4  # leads searched at most: the rarest in the whole path (a word said in every session drowns them)
-)
-HOP_COMMON_SHARE = 50  # nor a lead said more often than once in this many messages of the path
+HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere in particular
+HOP_TERMS = 4  # leads searched at most: a query of more finds messages holding only some of them
+# Recency's weight (in reciprocal-rank units over the path) for a question about how things stand now;
+# 0.1 otherwise, a tie-breaker.
+CURRENT_RECENCY = 1.0
 LINE_CACHE_SIZE = 50_000
 
 
@@ -334,7 +333,6 @@ class RetrievalSection:
         own = [c for c in searched if any(states(texts[c.node_id], t) for t in found.matched_terms)]
         named: dict[str, Candidate] = {}
         names: set[str] = set()
-        common = max(HOP_COMMON, len(texts) // HOP_COMMON_SHARE)
         for source in (own or searched)[:HOP_FROM]:
             said = message_text(path[positions[source.node_id]].message)
             names.update(capitalised_names(said))
@@ -342,7 +340,7 @@ class RetrievalSection:
                 if contains_term(asked, term) or term in named:
                     continue
                 # Said all over the conversation (a speaker's name, a word like "keep-alive"): no lead.
-                if sum(term in text and contains_term(text, term) for text in texts.values()) <= common:
+                if sum(term in text and contains_term(text, term) for text in texts.values()) <= HOP_COMMON:
                     named[term] = source
         if names & named.keys():
             # A capitalised word that the path also says in lower case is an ordinary word starting a
