@@ -453,6 +453,11 @@ def measure(
                             fake.record = False
                     if args.right_after:
                         rows.append(report(f"{name} right after", early))
+                        if args.dump:
+                            dumped = args.dump.with_name(
+                                f"{args.dump.stem}{'-' + tag if tag else ''}-right-after{args.dump.suffix}"
+                            )
+                            dumped.write_text(json.dumps(early.questions, indent=1))
                     replayed = time.perf_counter() - started
                     wait_for_jobs(gateway.url)
                     print(

@@ -93,6 +93,7 @@ class NewJob:
     payload: JSONObject
     key: str | None = None  # dedupe: not enqueued again while a job with this kind and key is pending
     delay_seconds: float = 0.0
+    priority: int = 0  # higher is leased first among due jobs
 
 
 # -- job descriptions: what each kind's payload holds (the pipeline enqueues them, handlers read them) --
@@ -117,6 +118,7 @@ def compact_job(
 
 
 EMBED_MODES = ("all", "texts", "vectors", "context")
+BULK_MESSAGES = 16  # an embed job of more messages than this carries a history that arrived at once
 
 
 def unanswered_embed_job(
@@ -163,7 +165,18 @@ class EmbedWork:
         if self.then is not None:
             payload["then"] = [self.then[0], self.then[1]]
         prefix = embed_key_prefix(self.conversation_id) if self.conversation_id else f"{EMBED}:"
-        return NewJob(EMBED, tenant, payload, key=f"{prefix}{self.mode}:{self.leaf_id}")
+        return NewJob(
+            EMBED, tenant, payload, key=f"{prefix}{self.mode}:{self.leaf_id}", priority=self.priority
+        )
+
+    @property
+    def priority(self) -> int:
+        """A long stretch's keyword and first meaning passes go before per-exchange jobs (an app that
+        brings its history asks about it at once: its own new turns are in the recent window meanwhile),
+        the views with neighbours after everything."""
+        if self.mode == "context":
+            return -1
+        return 1 if self.mode in ("texts", "vectors") or self.count > BULK_MESSAGES else 0
 
     @classmethod
     def parse(cls, payload: JSONObject) -> EmbedWork | None:
@@ -458,3 +471,4 @@ class JobState:
     last_error: str | None
     created_at: datetime
     updated_at: datetime
+    priority: int = 0

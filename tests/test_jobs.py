@@ -14,9 +14,11 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import inspect, text
 
+from gateway.adapters.sql import migrations
 from gateway.adapters.sql.jobs import SqlJobQueue
-from gateway.adapters.sql.store import SqlStore
+from gateway.adapters.sql.store import SqlStore, build_engine
 from gateway.app import create_app
 from gateway.config import JobsConfig, parse_config
 from gateway.errors import StoreError
@@ -96,6 +98,35 @@ def test_enqueue_lease_complete(database_url: str) -> None:
             assert await queue.counts() == {"queued": 1, "running": 1, "done": 1, "failed": 0}
 
     run(scenario)
+
+
+def test_a_higher_priority_job_is_leased_before_older_ones(database_url: str) -> None:
+    """A history's first index pass (priority 1) goes before the per-exchange jobs queued ahead of it, and
+    the views with neighbours (-1) after both; within a priority, the oldest first."""
+
+    async def scenario() -> None:
+        async with opened(database_url) as queue:
+            low = await queue.enqueue(NewJob("embed", "acme", {"n": 0}, priority=-1))
+            first = await queue.enqueue(NewJob("embed", "acme", {"n": 1}))
+            second = await queue.enqueue(NewJob("embed", "acme", {"n": 2}))
+            urgent = await queue.enqueue(NewJob("embed", "acme", {"n": 3}, priority=1))
+            order = [(await queue.lease("w1", ["embed"], 5))[0].id for _ in range(4)]
+            assert order == [urgent, first, second, low]
+
+    run(scenario)
+
+
+def test_the_priority_column_is_added_to_a_jobs_table_made_before_it(database_url: str) -> None:
+    engine = build_engine(database_url)
+    try:
+        migrations.migrate(engine)
+        with engine.begin() as connection:  # as a database from before 0010 was
+            connection.execute(text("ALTER TABLE jobs DROP COLUMN priority"))
+            connection.execute(text("DELETE FROM schema_migrations WHERE name = '0010_job_priority'"))
+        assert migrations.migrate(engine) == ["0010_job_priority"]
+        assert "priority" in {c["name"] for c in inspect(engine).get_columns("jobs")}
+    finally:
+        engine.dispose()
 
 
 def test_a_keyed_job_is_not_enqueued_again_while_pending(database_url: str) -> None:

@@ -434,6 +434,7 @@ def test_memory_migrations_apply_over_a_database_at_0003(
             "0007_profile_covered",
             "0008_request_sent_context",
             "0009_conversation_titles",
+            "0010_job_priority",
         ]
         tables = set(inspect(engine).get_table_names())
         assert {"memories", "memory_sources", "memory_cursors", "memory_profiles"} <= tables

@@ -274,7 +274,11 @@ def test_the_sent_block_survives_the_migration_a_nul_and_is_forgotten_per_user(d
             connection.execute(text("ALTER TABLE requests DROP COLUMN sent_context"))
             connection.execute(text("ALTER TABLE conversations DROP COLUMN title"))
             connection.execute(text("ALTER TABLE conversations DROP COLUMN gist"))
-            connection.execute(text("DELETE FROM schema_migrations WHERE name >= '0008'"))
+            connection.execute(
+                text(
+                    "DELETE FROM schema_migrations WHERE name IN ('0008_request_sent_context', '0009_conversation_titles')"
+                )
+            )
         assert migrations.migrate(engine) == ["0008_request_sent_context", "0009_conversation_titles"]
     finally:
         engine.dispose()

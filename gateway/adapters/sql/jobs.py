@@ -100,7 +100,7 @@ class _Statements:
         pick = (
             select(_JOBS.c.id)
             .where(_JOBS.c.kind.in_(bindparam("kinds", expanding=True)), due)
-            .order_by(_JOBS.c.run_after)
+            .order_by(_JOBS.c.priority.desc(), _JOBS.c.run_after)
             .limit(bindparam("limit", type_=Integer()))
             .with_for_update(skip_locked=True)
         )
@@ -233,6 +233,7 @@ def enqueue_in(connection: Connection, jobs: Sequence[NewJob]) -> list[str | Non
             "tenant": job.tenant,
             "payload": job.payload,
             "key": job.key,
+            "priority": job.priority,
             **statements.clock.params(delay=job.delay_seconds),
         }
         for job in jobs

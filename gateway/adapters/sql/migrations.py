@@ -80,6 +80,12 @@ def _conversation_titles(connection: Connection) -> None:
             connection.execute(text(f"ALTER TABLE conversations ADD COLUMN {name} TEXT"))
 
 
+def _job_priority(connection: Connection) -> None:
+    columns = {c["name"] for c in inspect(connection).get_columns(str(JobRow.__tablename__))}
+    if "priority" not in columns:
+        connection.execute(text("ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     ("0001_conversations_messages_requests", _initial),
     ("0002_jobs", _jobs),
@@ -90,6 +96,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ("0007_profile_covered", _profile_covered),
     ("0008_request_sent_context", _request_sent_context),
     ("0009_conversation_titles", _conversation_titles),
+    ("0010_job_priority", _job_priority),
 )
 
 # Serialises migrations between gateway replicas starting together on one Postgres.

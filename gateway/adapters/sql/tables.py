@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, Column, DateTime, Index, Text, text
+from sqlalchemy import JSON, Column, DateTime, Index, Integer, Text, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
@@ -126,6 +126,9 @@ class JobRow(SQLModel, table=True):
     key: str | None = Field(default=None, max_length=200)
     status: str = Field(max_length=20)
     attempts: int = 0
+    # Higher runs first among due jobs (then by `run_after`): a history's first index passes before
+    # per-exchange upkeep, the views with neighbours after both.
+    priority: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     run_after: datetime = Field(sa_column=_timestamp())
     lease_owner: str | None = Field(default=None, max_length=200)
     lease_until: datetime | None = Field(
