@@ -18,7 +18,8 @@ from gateway.http.errors import handle_gateway_error, handle_http_exception
 from gateway.http.lanes import Lanes
 from gateway.http.middleware import AuthMiddleware, BodyLimitMiddleware, RequestContextMiddleware
 from gateway.http.routes import Endpoints, doors, routes
-from gateway.wiring import Deps, build_deps
+from gateway.services import Deps
+from gateway.wiring import build_deps
 
 
 def create_app(config: GatewayConfig, deps: Deps | None = None) -> ASGIApp:

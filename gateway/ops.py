@@ -14,6 +14,7 @@ import orjson
 
 from gateway.adapters.sql.store import SqlStore
 from gateway.config import GatewayConfig
+from gateway.features import retrieves
 from gateway.inbound.exports import Imported
 from gateway.memory.records import Memory, MemoryFilter
 from gateway.memory.service import MemoryService
@@ -30,7 +31,7 @@ from gateway.records import (
     compact_job,
 )
 from gateway.verify import Verified, verify_tenant
-from gateway.wiring import build_deps, retrieves
+from gateway.wiring import build_deps
 
 
 async def compact_now(

@@ -4,7 +4,7 @@ and, for each one that is off, why and the one line that turns it on."""
 from __future__ import annotations
 
 from gateway.config import GatewayConfig, TenantConfig
-from gateway.wiring import compacts, learns, remembers, retrieves
+from gateway.features import compacts, learns, remembers, retrieves
 
 _WIDTH = 11
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.pipeline.canonical import HASH_BYTES, canonical
-from gateway.pipeline.text import message_text
 from gateway.ports import JobQueue, MessageStore, VectorIndex
 from gateway.records import StoredMessage
+from gateway.text import message_text
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 
-import anyio
-
 from gateway.adapters.sql.tables import utcnow
 from gateway.config import LOCAL_MODELS, GatewayConfig, MemoryConfig, TenantConfig, TracingConfig
-from gateway.errors import ConfigError, StoreError
+from gateway.errors import ConfigError
+from gateway.features import compacts, learns, remembers, retrieves
 from gateway.jobs.compact import CompactHandler, CompactionTarget
 from gateway.jobs.conversation_title import TitleHandler
 from gateway.jobs.embed import EmbedHandler, IndexTarget
@@ -21,12 +20,10 @@ from gateway.jobs.extract_memory import ExtractMemoryHandler, MemoryTarget
 from gateway.jobs.memory_profile import ProfileHandler
 from gateway.jobs.worker import JobHandler, WorkerPool
 from gateway.limits import RateLimiter
-from gateway.memory.agentic import OfferMemoryTool, ToolLoop
-from gateway.memory.conversation_search import ConversationSearch
+from gateway.memory.agentic import OfferMemoryTool
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.scope import MemoryScopeStep, incognito
 from gateway.memory.section import MemorySection
-from gateway.memory.service import MemoryService
 from gateway.metrics import Counters
 from gateway.pipeline.body_memo import BodyMemo
 from gateway.pipeline.call import ChatCall
@@ -45,11 +42,9 @@ from gateway.ports import (
     Embedder,
     EpochStore,
     JobQueue,
-    JSONObject,
     MessageStore,
     MessagesUpstream,
     ModelCatalog,
-    ResponseStore,
     SummaryStore,
     Tokenizers,
     Tracer,
@@ -63,151 +58,13 @@ from gateway.records import (
     EXTRACT_MEMORY,
     PROFILE,
     TITLE,
-    Conversation,
-    IndexBacklog,
-    embed_key_prefix,
 )
+from gateway.services import Deps
 from gateway.telemetry.metrics import Metrics
 from gateway.tenants import Tenant, TenantRegistry
 from gateway.tracing import NullTracer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Deps:
-    """Everything a running app needs, built once in the lifespan and passed explicitly."""
-
-    tenants: TenantRegistry
-    store: MessageStore
-    summaries: SummaryStore
-    jobs: JobQueue
-    workers: WorkerPool  # started and stopped by the app lifespan; `workers.register(kind, handler)`
-    tokenizers: Tokenizers
-    responses: ResponseStore  # the Responses API's stored responses
-    metrics: Metrics  # GET /metrics
-    counters: Counters = field(default_factory=Counters)
-    indexes: dict[str, IndexTarget] = field(default_factory=dict)  # tenant -> its retrieval index
-    memories: MemoryStore | None = None
-    memory: dict[str, MemoryTarget] = field(default_factory=dict)  # tenant -> its memory
-    tracer: Tracer = field(default_factory=NullTracer)  # request traces (tracing.otlp_endpoint)
-
-    async def delete_conversations(
-        self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
-    ) -> list[str]:
-        """Delete conversations from the index (vectors included), then from the store: if the index
-        fails, the conversation is still there and the DELETE can be retried."""
-        target = self.indexes.get(tenant)
-        if target is not None:
-            await target.index.delete(tenant, conversation_id=conversation_id, user_id=user_id)
-        deleted = await self.store.delete_conversations(
-            tenant, conversation_id=conversation_id, user_id=user_id
-        )
-        if target is not None and user_id is not None and conversation_id is None:
-            # Rows an embed job wrote before the conversation was known to be the user's go too.
-            for conversation in deleted:
-                await target.index.delete(tenant, conversation_id=conversation)
-        if self.memories is not None and deleted:
-            await self.memories.forget_conversations(tenant, deleted)
-        return deleted
-
-    def memory_service(self, tenant: str) -> MemoryService | None:
-        """The memory API's operations for a tenant with memory; None when it has none."""
-        target = self.memory.get(tenant)
-        if target is None or self.memories is None:
-            return None
-        return MemoryService(
-            self.memories, target.vectors, target.embedder, forget_sent=self.store.forget_sent_context
-        )
-
-    def tool_loop(self, tenant: str) -> ToolLoop | None:
-        """What answers the model's memory_search calls for a tenant with agentic recall."""
-        service = self.memory_service(tenant)
-        target = self.memory.get(tenant)
-        if service is None or target is None or not target.config.agentic:
-            return None
-        index = self.indexes.get(tenant)
-        conversations = (
-            ConversationSearch(index.index, index.embedder, self.store)
-            if index is not None and target.config.conversation_search
-            else None
-        )
-        return ToolLoop(service, target.config.agentic_rounds, conversations)
-
-    async def delete_user(self, tenant: str, user_id: str) -> tuple[list[str], list[str]]:
-        """Everything of one user: their conversations (as above) and their memories (rows, vectors,
-        links). Returns (conversation ids, memory ids) deleted."""
-        conversations = await self.delete_conversations(tenant, user_id=user_id)
-        service = self.memory_service(tenant)
-        memories = await service.delete_user(tenant, user_id) if service is not None else []
-        return conversations, memories
-
-    async def job_counts(self) -> dict[str, int] | None:
-        """Jobs per status for `/healthz`; None when the database cannot say (health must still answer)."""
-        try:
-            return await self.jobs.counts()
-        except StoreError:
-            log.warning("cannot count jobs", exc_info=True)
-            return None
-
-    async def oldest_queued(self) -> dict[str, float] | None:
-        """Per kind, the seconds the oldest due queued job has waited (the backlog's age); None when the
-        database cannot say."""
-        try:
-            return await self.jobs.oldest_queued()
-        except StoreError:
-            log.warning("cannot age the job backlog", exc_info=True)
-            return None
-
-    async def index_progress(self, conversation: Conversation) -> JSONObject | None:
-        """How far the index has got with a conversation: messages stored, searchable (by keyword at
-        least) and embedded; None when its tenant has no retrieval."""
-        if conversation.tenant not in self.indexes:
-            return None
-        pending = await self.jobs.pending(EMBED, embed_key_prefix(conversation.id), conversation.tenant)
-        backlog = IndexBacklog.of(pending)
-        total = conversation.message_count
-        return {
-            "messages": total,
-            "searchable": max(total - backlog.unsearchable, 0),
-            "embedded": max(total - backlog.unembedded, 0),
-            # Embedded with their neighbours' views too (a long history gets those last).
-            "with_neighbours": max(total - backlog.unembedded - backlog.alone, 0),
-            "complete": not backlog,
-        }
-
-    async def indexing(self) -> JSONObject | None:
-        """The whole index backlog for `/healthz`: conversations being indexed and their messages left;
-        None when the database cannot say."""
-        try:
-            pending = await self.jobs.pending(EMBED, f"{EMBED}:")
-        except StoreError:
-            log.warning("cannot read the index backlog", exc_info=True)
-            return None
-        backlog = IndexBacklog.of(pending)
-        conversations = {p.get("conversation_id") for p in pending} - {None}
-        return {
-            "conversations": len(conversations),
-            "unsearchable": backlog.unsearchable,
-            "unembedded": backlog.unembedded,
-            "without_neighbours": backlog.alone,
-        }
-
-    async def aclose(self) -> None:
-        await self.workers.stop()
-        await anyio.to_thread.run_sync(self.tracer.shutdown)  # exports the spans still batched
-        await self.tenants.aclose()
-        await self.store.aclose()
-        for closing in {id(t.index): t.index for t in self.indexes.values()}.values():
-            await closing.aclose()
-        for vectors in {id(t.vectors): t.vectors for t in self.memory.values()}.values():
-            await vectors.aclose()
-        embedders = [
-            *(t.embedder for t in self.indexes.values()),
-            *(t.embedder for t in self.memory.values()),
-        ]
-        for embedder in {id(e): e for e in embedders}.values():
-            await embedder.aclose()
 
 
 def build_upstream(tenant: TenantConfig) -> Upstream:
@@ -239,13 +96,6 @@ def build_messages_upstream(tenant: TenantConfig) -> MessagesUpstream | None:
     return AnthropicMessages(tenant.name, tenant.upstream)
 
 
-def own_key(tenant: TenantConfig) -> bool:
-    """The gateway has a key of its own for background calls: the tenant's, or with pass-through client
-    keys, a non-empty `upstream.api_key` beside them (`${OPENAI_API_KEY:-}` unset reads as ""; the
-    no-config default takes OPENAI_API_KEY)."""
-    return not tenant.upstream.pass_through_client_key or bool(tenant.upstream.api_key)
-
-
 def background_upstream(tenant: TenantConfig, upstream: Upstream) -> Upstream:
     """What the gateway's own calls for `tenant` go through: its key where a client's would go."""
     key = tenant.upstream.api_key
@@ -254,30 +104,6 @@ def background_upstream(tenant: TenantConfig, upstream: Upstream) -> Upstream:
 
         return OwnKeyUpstream(upstream, key)
     return upstream
-
-
-def compacts(tenant: TenantConfig) -> bool:
-    """Background summaries need the context builder and a key of the gateway's own for the calls."""
-    return (
-        tenant.store_conversations
-        and tenant.context.enabled
-        and tenant.compaction.enabled
-        and own_key(tenant)
-    )
-
-
-def retrieves(tenant: TenantConfig) -> bool:
-    return tenant.store_conversations and tenant.context.enabled and tenant.retrieval.enabled
-
-
-def remembers(tenant: TenantConfig) -> bool:
-    """Memory is read into the context builder's prompts, so it needs them."""
-    return tenant.store_conversations and tenant.context.enabled and tenant.memory.enabled
-
-
-def learns(tenant: TenantConfig) -> bool:
-    """Extraction calls are the gateway's own: they need a key of its own, as compaction does."""
-    return remembers(tenant) and tenant.memory.extraction and own_key(tenant)
 
 
 def build_pipeline(

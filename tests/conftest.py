@@ -24,7 +24,8 @@ from gateway.app import create_app
 from gateway.config import GatewayConfig, parse_config
 from gateway.fakes.openai_upstream import FakeUpstream
 from gateway.fakes.server import BackgroundServer
-from gateway.wiring import Deps, build_deps
+from gateway.services import Deps
+from gateway.wiring import build_deps
 
 GATEWAY_KEY = "sk-gw-acme"
 

@@ -134,7 +134,7 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
 
 
 def test_a_pass_through_tenant_has_background_calls_only_with_a_non_empty_key_of_its_own() -> None:
-    from gateway.wiring import compacts, learns
+    from gateway.features import compacts, learns
 
     def tenant_with(api_key: str | None) -> Any:
         upstream = {"base_url": "http://x/v1", "api_key": api_key, "pass_through_client_key": True}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gateway.adapters.keyword_rank import Analyzer, KeywordQuery, Postings
-from gateway.pipeline.text import cjk_bigrams
+from gateway.text import cjk_bigrams
 
 
 def ranked(texts: list[str], question: str) -> list[int]:

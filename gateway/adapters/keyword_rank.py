@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import Stemmer
 
-from gateway.pipeline.text import cjk_bigrams
+from gateway.text import cjk_bigrams
 
 K1 = 1.2
 B = 0.75

@@ -45,8 +45,8 @@ from gateway.adapters.lance_table import (
 )
 from gateway.adapters.vector_cache import COLUMNS, DELTA_MARGIN, Entry, Key, VectorCache, from_micros
 from gateway.errors import SearchIndexError
-from gateway.pipeline.text import cjk_bigrams
 from gateway.records import IndexHit, IndexRow, SearchQuery, SearchResult
+from gateway.text import cjk_bigrams
 
 log = logging.getLogger(__name__)
 

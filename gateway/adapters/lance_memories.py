@@ -41,7 +41,7 @@ from gateway.adapters.lance_table import (
 from gateway.adapters.vector_cache import from_micros
 from gateway.errors import SearchIndexError
 from gateway.memory.records import MemoryHit, MemoryQuery, MemoryRow, MemorySearchResult
-from gateway.pipeline.text import cjk_bigrams
+from gateway.text import cjk_bigrams
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from gateway.memory.records import USER_SCOPE, Memory, MemoryFilter
 from gateway.memory.service import MemoryService
 from gateway.records import StoredMessage
 from gateway.sent import retrieved_groups, sent_messages
+from gateway.services import Deps
 from gateway.tenants import Tenant
-from gateway.wiring import Deps
 
 PAGE = 50
 PREVIEW = 160

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from gateway.errors import SearchIndexError
-from gateway.pipeline.text import cjk_bigrams
 from gateway.records import IndexHit, IndexRow, SearchQuery, SearchResult
+from gateway.text import cjk_bigrams
 
 _TOKEN = re.compile(r"[^\W_]+")
 _COMPOUND = re.compile(r"[^\W_]+(?:[._\-/:@#]+[^\W_]+)+")

@@ -30,8 +30,8 @@ from gateway.errors import InvalidRequest, NotFound
 from gateway.pipeline.identify import bounded_id
 from gateway.pipeline.validate import parse_json_object
 from gateway.records import Conversation, StoredMessage, compact_job
+from gateway.services import Deps
 from gateway.tenants import Caller
-from gateway.wiring import Deps
 
 MAX_LIMIT = 500
 

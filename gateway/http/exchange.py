@@ -27,10 +27,10 @@ from gateway.memory.tool_stream import ToolStream
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.forward import buffered_outcome
 from gateway.ports import ChatPayload, JSONObject, Span, TraceValue, UpstreamResponse
+from gateway.services import Deps
 from gateway.telemetry.logs import log_request, logging_requests
 from gateway.tenants import Caller, Tenant
 from gateway.tracing import NULL_SPAN
-from gateway.wiring import Deps
 
 log = logging.getLogger(__name__)
 

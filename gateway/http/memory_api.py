@@ -29,6 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import InvalidRequest, NotFound
+from gateway.features import learns
 from gateway.http.api import MAX_LIMIT, _int_param, _json
 from gateway.memory.records import (
     MEMORY_STATUSES,
@@ -43,8 +44,8 @@ from gateway.memory.service import MemoryService
 from gateway.pipeline.identify import bounded_id, header_text
 from gateway.pipeline.validate import parse_json_object
 from gateway.records import profile_job
+from gateway.services import Deps
 from gateway.tenants import Caller, Tenant
-from gateway.wiring import Deps, learns
 
 MAX_IMPORT = 5_000
 MAX_PROFILE_CHARS = 8_000

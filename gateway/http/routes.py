@@ -29,9 +29,9 @@ from gateway.http.headers import to_client, to_upstream
 from gateway.http.memory_api import memory_routes
 from gateway.http.streaming import RelayResponse
 from gateway.ports import JSON
+from gateway.services import Deps
 from gateway.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gateway.tenants import Caller
-from gateway.wiring import Deps
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from gateway.jobs.extract_memory import MemoryTarget, clean
 from gateway.memory.llm import CallStats, ask
 from gateway.memory.prompts import title_request
 from gateway.memory.replies import Junk
-from gateway.pipeline.text import message_text
 from gateway.ports import MessageStore
 from gateway.records import Job
+from gateway.text import message_text
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 
 from gateway.errors import EmbeddingError
 from gateway.jobs.worker import JobObserver
-from gateway.pipeline.text import message_text
 from gateway.ports import Embedder, JobQueue, MessageStore, VectorIndex
 from gateway.records import EMBED, EmbedWork, IndexRow, Job, StoredMessage, embed_key_prefix
+from gateway.text import message_text
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from gateway.memory.prompts import Candidate, Turn, extraction_request, resoluti
 from gateway.memory.records import USER_SCOPE, Memory, MemoryChanges
 from gateway.memory.replies import Decision, candidates, decisions
 from gateway.memory.resolve import Resolver
-from gateway.pipeline.text import message_text
 from gateway.ports import Embedder, JobQueue, MessageStore, Upstream
 from gateway.records import Job, MemoryWork, StoredMessage, profile_job
+from gateway.text import message_text
 
 log = logging.getLogger(__name__)
 

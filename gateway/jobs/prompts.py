@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from gateway.pipeline.text import message_text
 from gateway.ports import JSONObject
+from gateway.text import message_text
 
 CHUNK_MARKER = "[context-gateway:summarize-chunk]"
 MERGE_MARKER = "[context-gateway:merge-summaries]"

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from gateway.errors import EmbeddingError, StoreError
 from gateway.memory.arguments import parse_arguments, search_parameters
 from gateway.pipeline.call import ChatCall
-from gateway.pipeline.text import message_text
 from gateway.ports import Embedder, JSONObject, MessageStore, VectorIndex
 from gateway.records import SearchQuery, SearchResult
+from gateway.text import message_text
 
 log = logging.getLogger(__name__)
 

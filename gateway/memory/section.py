@@ -28,9 +28,9 @@ from gateway.errors import EmbeddingError, StoreError
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.records import ACTIVE, USER_SCOPE, Memory, MemoryFilter, MemoryHit, MemoryQuery, Profile
 from gateway.pipeline.context.section import BuildInput, Proposal
-from gateway.pipeline.text import message_text
 from gateway.ports import JSON, Embedder, JSONObject, MessageStore, Similarity
 from gateway.records import Conversation
+from gateway.text import message_text
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -17,8 +17,8 @@ from typing import ClassVar
 
 from gateway.pipeline.call import ChatCall, QuestionVector
 from gateway.pipeline.identify import explicit_identity
-from gateway.pipeline.text import message_text
 from gateway.ports import ChatPayload, Embedder, JSONObject
+from gateway.text import message_text
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from gateway.pipeline.text import CJK, mostly_cjk
+from gateway.text import CJK, mostly_cjk
 
 _MONTHS = {
     name: index + 1

@@ -36,9 +36,9 @@ from gateway.pipeline.context.question import (
 from gateway.pipeline.context.ranking import RRF_K, Candidate, fuse, smoothed
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.context.tail_lines import Line, day_changes, day_of, line_of, lines_of, tool_safe, when
-from gateway.pipeline.text import message_text, mostly_cjk
 from gateway.ports import JSON, Embedder, JobQueue, JSONObject, MessageStore, Similarity, VectorIndex
 from gateway.records import EMBED, IndexBacklog, SearchQuery, SearchResult, embed_key_prefix
+from gateway.text import message_text, mostly_cjk
 
 _NODE_ID = operator.attrgetter("node_id")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import date, datetime
 
 from gateway.pipeline.call import HistoryItem
-from gateway.pipeline.text import message_text
+from gateway.text import message_text
 
 # A line of the section's text: the line, and the stored message it shows (None: a date line).
 Line = tuple[str, str | None]
