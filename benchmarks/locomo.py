@@ -42,7 +42,7 @@ from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.fakes.openai_upstream import FakeUpstream, Reply
 from gateway.fakes.server import BackgroundServer
-from gateway.pipeline.text import cjk_bigrams
+from gateway.text import cjk_bigrams
 from gateway.wiring import build_deps
 
 ROOT = Path(__file__).resolve().parent.parent
