@@ -132,7 +132,7 @@ async def exchange(request: Request, door: Door, max_body_bytes: int) -> Respons
     caller: Caller = request.scope["caller"]
     tally = _Tally(request.state.deps, door.route, caller.tenant.name, request.scope["request_id"])
     try:
-        response = await _exchange(request, door, max_body_bytes, tally)
+        response = await _Exchange(request, door, tally).run(max_body_bytes)
     except GatewayError as exc:
         tally.done(exc.status)
         return error_response(door, exc, request.scope.get("request_id"))
@@ -141,133 +141,139 @@ async def exchange(request: Request, door: Door, max_body_bytes: int) -> Respons
     return response
 
 
-async def _exchange(
-    request: Request, door: Door, max_body_bytes: int, tally: _Tally
-) -> Response | RelayResponse:
-    deps: Deps = request.state.deps
-    caller: Caller = request.scope["caller"]
-    deps.counters.chat_requests += 1
-    parsed = await door.parse(await read_body(request, caller.tenant.body_limit(max_body_bytes)))
-    call = ChatCall(
-        request_id=request.scope["request_id"],
-        tenant=caller.tenant.name,
-        body=parsed.body,
-        raw=parsed.raw,
-        headers=door.upstream_headers(to_upstream(request.scope["headers"], chat=True)),
-        started=request.scope["started"],
-        answers_tools=door.answers_tools,
-    )
-    tenant = caller.tenant
-    if deps.tracer.recording:  # else the call keeps NULL_TRACE: no attributes are built for nothing
-        call.trace = deps.tracer.trace(f"POST {door.route}", _request_attributes(call, door.route))
-    tally.call = call
-    pipeline = tenant.pipeline
-    payload = await pipeline.prepare(call)
+class _Exchange:
+    """One request's way through the pipeline and the upstream; stored at most once, however it ends."""
 
-    sent = time.perf_counter()
-    upstream_span = (
-        call.trace.start(*_provider_call(tenant, payload), client=True)
-        if deps.tracer.recording
-        else NULL_SPAN
-    )
-    try:
-        response = await door.send(tenant, call, payload, caller.client_key)
-    except UpstreamError as exc:
-        deps.counters.upstream_errors += 1
-        _ended(upstream_span, None, exc.message)
-        await pipeline.complete(call, buffered_outcome(exc.status, exc.message.encode()))
-        raise
-    waited = time.perf_counter() - sent
-    content_type = next((v for k, v in response.headers if k.lower() == "content-type"), "")
+    def __init__(self, request: Request, door: Door, tally: _Tally) -> None:
+        self.request = request
+        self.door = door
+        self.tally = tally
+        self.deps: Deps = request.state.deps
+        self.caller: Caller = request.scope["caller"]
+        self.tenant: Tenant = self.caller.tenant
+        self.span: Span = NULL_SPAN
+        self.sent = 0.0
+        self.early = False
+        self.persisted = False
 
-    persisted = False
+    async def run(self, max_body_bytes: int) -> Response | RelayResponse:
+        request, door, deps, tenant = self.request, self.door, self.deps, self.tenant
+        deps.counters.chat_requests += 1
+        self.parsed = await door.parse(await read_body(request, tenant.body_limit(max_body_bytes)))
+        self.call = call = ChatCall(
+            request_id=request.scope["request_id"],
+            tenant=tenant.name,
+            body=self.parsed.body,
+            raw=self.parsed.raw,
+            headers=door.upstream_headers(to_upstream(request.scope["headers"], chat=True)),
+            started=request.scope["started"],
+            answers_tools=door.answers_tools,
+        )
+        if deps.tracer.recording:  # else the call keeps NULL_TRACE: no attributes are built for nothing
+            call.trace = deps.tracer.trace(f"POST {door.route}", _request_attributes(call, door.route))
+        self.tally.call = call
+        payload = await tenant.pipeline.prepare(call)
+        self.sent = time.perf_counter()
+        if deps.tracer.recording:
+            self.span = call.trace.start(*_provider_call(tenant, payload), client=True)
+        try:
+            response = await door.send(tenant, call, payload, self.caller.client_key)
+            waited = time.perf_counter() - self.sent
+            # A thin-mode client's next request (or a Responses chain) must find this answer stored: it
+            # is stored before the client sees the end of it; otherwise after the last byte.
+            self.early = call.state.explicit or door.persists_first
+            content_type = next((v for k, v in response.headers if k.lower() == "content-type"), "")
+            if call.stream and response.status == 200 and content_type.startswith("text/event-stream"):
+                return self._relay(response, waited)
+            status, body = await self._read(response)
+        except UpstreamError as exc:
+            deps.counters.upstream_errors += 1
+            _ended(self.span, None, exc.message)
+            await self.persist(buffered_outcome(exc.status, exc.message.encode()))  # recorded as failed
+            raise
+        return await self._reply(response, status, body)
 
-    async def persist(outcome: ChatOutcome) -> None:
-        nonlocal persisted
-        if not persisted:
-            persisted = True
-            await pipeline.complete(call, outcome)
+    async def persist(self, outcome: ChatOutcome) -> None:
+        if not self.persisted:
+            self.persisted = True
+            await self.tenant.pipeline.complete(self.call, outcome)
 
-    # A thin-mode client's next request (or a Responses chain) must find this answer stored: it is
-    # stored before the client sees the end of it; otherwise after the last byte.
-    early = call.state.explicit or door.persists_first
+    async def persist_first(self, outcome: ChatOutcome) -> None:
+        await self.persist(outcome)
+        await self.door.stored(self.call, outcome)
 
-    async def persist_first(outcome: ChatOutcome) -> None:
-        await persist(outcome)
-        await door.stored(call, outcome)
+    def _tool_loop(self) -> ToolLoop | None:
+        if self.call.state.memory_tool and self.door.answers_tools:
+            return self.deps.tool_loop(self.tenant.name)
+        return None
 
-    if call.stream and response.status == 200 and content_type.startswith("text/event-stream"):
-        loop = deps.tool_loop(tenant.name) if call.state.memory_tool and door.answers_tools else None
-        if loop is not None:  # the model's memory_search calls are answered inside the stream
-            response = _answering_tools(loop, call, door, response, tenant, caller.client_key)
-        relay = door.relay(response, persist_first if early else None)
-        overhead = overhead_header(request, waited)
-        headers = [
+    def _headers(self, response: UpstreamResponse, upstream_seconds: float) -> list[tuple[bytes, bytes]]:
+        overhead = overhead_header(self.request, upstream_seconds)
+        self.tally.timings = (float(overhead[1]) / 1000, upstream_seconds)
+        return [
             *to_client(response.headers, decoded=True),
-            *parsed.headers,
-            *_context_headers(call),
+            *self.parsed.headers,
+            *_context_headers(self.call),
             overhead,
         ]
-        tally.timings = (float(overhead[1]) / 1000, waited)
+
+    def _relay(self, response: UpstreamResponse, waited: float) -> RelayResponse:
+        loop = self._tool_loop()
+        if loop is not None:  # the model's memory_search calls are answered inside the stream
+            response = _answering_tools(
+                loop, self.call, self.door, response, self.tenant, self.caller.client_key
+            )
+        relay = self.door.relay(response, self.persist_first if self.early else None)
+        headers = self._headers(response, waited)
 
         async def on_close(disconnected: bool) -> None:
             await response.close()
             outcome = relay.outcome(response.status, disconnected=disconnected)
-            _ended(upstream_span, outcome, outcome.error)
+            _ended(self.span, outcome, outcome.error)
             if outcome.client_disconnected:
-                deps.counters.client_disconnects += 1
-            await persist(outcome)
-            tally.done(response.status)
+                self.deps.counters.client_disconnects += 1
+            await self.persist(outcome)
+            self.tally.done(response.status)
 
         return RelayResponse(relay.frames(), response.status, headers, on_close)
 
-    try:
-        body = await response.read()
-    except UpstreamError as exc:
-        deps.counters.upstream_errors += 1
-        _ended(upstream_span, None, exc.message)
-        await persist(buffered_outcome(exc.status, exc.message.encode()))  # recorded as failed
-        raise
-    finally:
-        await response.close()
-    status = response.status
-    loop = deps.tool_loop(tenant.name) if call.state.memory_tool and door.answers_tools else None
-    if loop is not None:
+    async def _read(self, response: UpstreamResponse) -> tuple[int, bytes]:
+        try:
+            body = await response.read()
+        finally:
+            await response.close()
+        loop = self._tool_loop()
+        if loop is None:
+            return response.status, body
+        door, tenant, call, key = self.door, self.tenant, self.call, self.caller.client_key
 
         async def post(again: JSONObject) -> tuple[int, bytes]:
-            answer = await door.send_again(tenant, call, again, caller.client_key)
+            answer = await door.send_again(tenant, call, again, key)
             try:
                 return answer.status, await answer.read()
             finally:
                 await answer.close()
 
         # The model's memory_search calls are answered here: the client sees one answer.
-        try:
-            status, body = await loop.finish(call, door.sent, status, body, post)
-        except UpstreamError as exc:
-            deps.counters.upstream_errors += 1
-            _ended(upstream_span, None, exc.message)
-            await persist(buffered_outcome(exc.status, exc.message.encode()))  # recorded as failed
-            raise
-    upstream_seconds = time.perf_counter() - sent
-    # A pure proxy, untraced, does nothing with the answer: it is not read into an outcome.
-    outcome = (
-        door.outcome(status, body) if pipeline.completes or early or upstream_span is not NULL_SPAN else None
-    )
-    if outcome is not None:
-        _ended(upstream_span, outcome, outcome.error)
-    status, body = door.answer(status, body)
-    overhead = overhead_header(request, upstream_seconds)
-    headers = [*to_client(response.headers, decoded=True), *parsed.headers, *_context_headers(call), overhead]
-    tally.timings = (float(overhead[1]) / 1000, upstream_seconds)
-    done = None
-    if outcome is not None and early:
-        await persist_first(outcome)
-    elif outcome is not None:
-        done = BackgroundTask(persist, outcome)  # after the last byte: the client never waits for it
-    reply = Response(body, status_code=status, background=done)
-    reply.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
-    return reply
+        return await loop.finish(call, door.sent, response.status, body, post)
+
+    async def _reply(self, response: UpstreamResponse, status: int, body: bytes) -> Response:
+        upstream_seconds = time.perf_counter() - self.sent
+        # A pure proxy, untraced, does nothing with the answer: it is not read into an outcome.
+        keep = self.tenant.pipeline.completes or self.early or self.span is not NULL_SPAN
+        outcome = self.door.outcome(status, body) if keep else None
+        if outcome is not None:
+            _ended(self.span, outcome, outcome.error)
+        status, body = self.door.answer(status, body)
+        headers = self._headers(response, upstream_seconds)
+        done = None
+        if outcome is not None and self.early:
+            await self.persist_first(outcome)
+        elif outcome is not None:
+            done = BackgroundTask(self.persist, outcome)  # after the last byte: the client never waits for it
+        reply = Response(body, status_code=status, background=done)
+        reply.raw_headers = [*headers, (b"content-length", str(len(body)).encode())]
+        return reply
 
 
 def _answering_tools(
