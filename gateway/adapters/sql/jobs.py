@@ -16,199 +16,21 @@ from functools import partial
 from typing import Any, TypeVar
 
 import anyio
-from sqlalchemy import (
-    ColumnElement,
-    DateTime,
-    Engine,
-    Insert,
-    Integer,
-    Interval,
-    Select,
-    Update,
-    and_,
-    bindparam,
-    delete,
-    func,
-    or_,
-    select,
-    update,
-)
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import Engine, Update, delete, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from sqlmodel import SQLModel
 
+from gateway.adapters.sql.job_statements import JOBS as _JOBS
+from gateway.adapters.sql.job_statements import statements as _statements
 from gateway.adapters.sql.migrations import migrate
-from gateway.adapters.sql.tables import JOB_PENDING_WHERE, JobRow, utcnow
+from gateway.adapters.sql.tables import utcnow
 from gateway.errors import StoreError
 from gateway.ports import JSONObject
 from gateway.records import Job, JobState, NewJob
 
 T = TypeVar("T")
 STATUSES = ("queued", "running", "done", "failed")
-_JOBS = SQLModel.metadata.tables[str(JobRow.__tablename__)]
-_TIMESTAMP = DateTime(timezone=True)
 _ERROR_CHARS = 4000  # enough for a message and the end of a traceback; the log has the whole of it
-_ABSORB_AT_MOST = 256  # queued jobs `queued` lists (a job absorbs a bounded number at a time)
-
-
-class _Clock:
-    """The times the queue compares. On Postgres they come from the database's clock, so replicas whose
-    clocks drift still agree on when a lease expires; on SQLite (one machine) from this process's UTC
-    clock. Statements take `now` and named offsets in seconds; `params` fills them for one execution."""
-
-    def __init__(self, postgres: bool) -> None:
-        self.postgres = postgres
-
-    def now(self) -> ColumnElement[datetime]:
-        return func.now() if self.postgres else bindparam("now", type_=_TIMESTAMP)
-
-    def after(self, name: str) -> ColumnElement[datetime]:
-        if self.postgres:
-            return func.now() + bindparam(name, type_=Interval())
-        return bindparam(name, type_=_TIMESTAMP)
-
-    def params(self, **seconds: float) -> dict[str, Any]:
-        if self.postgres:
-            return {name: timedelta(seconds=value) for name, value in seconds.items()}
-        now = utcnow()
-        return {"now": now, **{name: now + timedelta(seconds=value) for name, value in seconds.items()}}
-
-
-class _Statements:
-    """Every statement the queue runs, built once per dialect: building one costs more than running it,
-    and enqueueing happens inside the request path's append transaction."""
-
-    def __init__(self, postgres: bool) -> None:
-        self.clock = clock = _Clock(postgres)
-        now = clock.now()
-        dialect_insert = pg_insert if postgres else sqlite_insert
-        self.insert: Insert = (
-            dialect_insert(_JOBS)
-            .values(
-                status="queued", attempts=0, run_after=clock.after("delay"), created_at=now, updated_at=now
-            )
-            .on_conflict_do_nothing(index_elements=["kind", "key"], index_where=JOB_PENDING_WHERE)
-            .returning(_JOBS.c.id)
-        )
-        due = or_(
-            and_(_JOBS.c.status == "queued", _JOBS.c.run_after <= now),
-            # A running job whose lease ran out: its worker died or hung, so another may take it.
-            and_(_JOBS.c.status == "running", _JOBS.c.lease_until <= now),
-        )
-        pick = (
-            select(_JOBS.c.id)
-            .where(_JOBS.c.kind.in_(bindparam("kinds", expanding=True)), due)
-            .order_by(_JOBS.c.priority.desc(), _JOBS.c.run_after)
-            .limit(bindparam("limit", type_=Integer()))
-            .with_for_update(skip_locked=True)
-        )
-        self.lease: Update = (
-            update(_JOBS)
-            .where(_JOBS.c.id.in_(pick))
-            .values(
-                status="running",
-                lease_owner=bindparam("worker"),
-                lease_until=clock.after("lease"),
-                attempts=_JOBS.c.attempts + 1,
-                updated_at=now,
-            )
-            .returning(
-                _JOBS.c.id,
-                _JOBS.c.kind,
-                _JOBS.c.tenant,
-                _JOBS.c.payload,
-                _JOBS.c.key,
-                _JOBS.c.attempts,
-                _JOBS.c.lease_until,
-            )
-        )
-        # The attempt number fences a lease: a worker whose lease expired and was re-taken (by anyone,
-        # itself included) no longer matches, so its late result is dropped.
-        held = and_(
-            _JOBS.c.id == bindparam("job_id"),
-            _JOBS.c.status == "running",
-            _JOBS.c.lease_owner == bindparam("worker"),
-            _JOBS.c.attempts == bindparam("attempt"),
-        )
-        self.complete: Update = (
-            update(_JOBS)
-            .where(held)
-            .values(status="done", lease_owner=None, lease_until=None, updated_at=now)
-        )
-        self.fail: Update = (
-            update(_JOBS)
-            .where(held)
-            .values(
-                status=bindparam("new_status"),
-                run_after=clock.after("retry"),
-                last_error=bindparam("error"),
-                lease_owner=None,
-                lease_until=None,
-                updated_at=now,
-            )
-        )
-        self.release: Update = (
-            update(_JOBS)
-            .where(held)
-            .values(
-                status="queued",
-                attempts=_JOBS.c.attempts - 1,
-                run_after=now,
-                lease_owner=None,
-                lease_until=None,
-                updated_at=now,
-            )
-        )
-        self.counts: Select[Any] = select(_JOBS.c.status, func.count()).group_by(_JOBS.c.status)
-        # Due queued jobs only (the status and run_after index finds them), with the clock they are aged by.
-        self.oldest_queued: Select[Any] = (
-            select(_JOBS.c.kind, func.min(_JOBS.c.run_after), now)
-            .where(_JOBS.c.status == "queued", _JOBS.c.run_after <= now)
-            .group_by(_JOBS.c.kind)
-        )
-        self.tenant_counts: Select[Any] = self.counts.where(_JOBS.c.tenant == bindparam("tenant"))
-        self.get: Select[Any] = select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
-        # Few jobs are pending at a time: the status index finds them, the kind and key filter the rest.
-        self.pending: Select[Any] = select(_JOBS.c.payload).where(
-            _JOBS.c.status.in_(("queued", "running")),
-            _JOBS.c.kind == bindparam("kind"),
-            _JOBS.c.key.like(bindparam("pattern"), escape="\\"),
-        )
-        self.tenant_pending: Select[Any] = self.pending.where(_JOBS.c.tenant == bindparam("tenant"))
-        self.queued: Select[Any] = (
-            select(_JOBS.c.key, _JOBS.c.payload)
-            .where(
-                _JOBS.c.status == "queued",
-                _JOBS.c.tenant == bindparam("tenant"),
-                _JOBS.c.kind == bindparam("kind"),
-                _JOBS.c.key.like(bindparam("pattern"), escape="\\"),
-            )
-            .order_by(_JOBS.c.created_at)
-            .limit(_ABSORB_AT_MOST)
-        )
-        self.rewrite: Update = update(_JOBS).where(held).values(payload=bindparam("payload"), updated_at=now)
-        self.absorb = (
-            delete(_JOBS)
-            .where(
-                _JOBS.c.status == "queued",
-                _JOBS.c.tenant == bindparam("tenant"),
-                _JOBS.c.kind == bindparam("kind"),
-                _JOBS.c.key.in_(bindparam("keys", expanding=True)),
-            )
-            .returning(_JOBS.c.key)
-        )
-
-
-_STATEMENTS = {"postgresql": _Statements(postgres=True), "sqlite": _Statements(postgres=False)}
-
-
-def _statements(dialect: str) -> _Statements:
-    try:
-        return _STATEMENTS[dialect]
-    except KeyError:
-        raise StoreError(f"the job queue supports sqlite and postgresql, not {dialect}") from None
 
 
 def _aware(value: datetime) -> datetime:
