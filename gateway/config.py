@@ -71,6 +71,9 @@ class StorageConfig(_Frozen):
     index_storage_options: dict[str, str] = Field(default_factory=dict)
     # Memory per process (and per embedding model) for searched conversations' vectors; 0: off.
     vector_cache_mb: int = Field(default=150, ge=0)
+    # Where vectors and the full-text index live: "lancedb" (at index_uri), or "memory" (in the process,
+    # lost at exit: for tests and demos).
+    index: Literal["lancedb", "memory"] = "lancedb"
 
     @property
     def index_location(self) -> str:
@@ -188,8 +191,8 @@ LOCAL_MODELS = ("all-MiniLM-L6-v2-int8", "multilingual-e5-small-q4")
 
 class EmbedderConfig(_Frozen):
     # "local": a built-in model (`model`: one of LOCAL_MODELS, None for the first); "upstream": the
-    # tenant upstream's /v1/embeddings with `model`.
-    provider: Literal["local", "upstream"] = "local"
+    # tenant upstream's /v1/embeddings with `model`; "fake": hashed words, no model (tests and demos).
+    provider: Literal["local", "upstream", "fake"] = "local"
     model: str | None = None
     dimensions: int | None = Field(default=None, gt=0)
     batch_size: int = Field(default=64, ge=1)
@@ -396,13 +399,61 @@ def _format_location(loc: tuple[int | str, ...]) -> str:
     return out or "<root>"
 
 
+def _merge(into: dict[str, object], extra: Mapping[str, object], path: str) -> None:
+    for key, value in extra.items():
+        here = into.get(key)
+        if isinstance(here, dict) and isinstance(value, Mapping):
+            _merge(here, value, f"{path}.{key}")
+        elif key in into:
+            raise ConfigError(f"{path}.{key} is set twice: under advanced and beside it; keep one")
+        else:
+            into[key] = dict(value) if isinstance(value, Mapping) else value
+
+
+def _fold(section: dict[str, object], model: type[BaseModel], path: str) -> dict[str, object]:
+    """`advanced:` beside a config's sections, merged into them (where the internal knobs are written)."""
+    advanced = section.pop("advanced", None)
+    if advanced is None:
+        return section
+    where = f"{path}.advanced" if path else "advanced"
+    if not isinstance(advanced, Mapping):
+        raise ConfigError(f"{where}: must be a mapping of sections ({', '.join(model.model_fields)})")
+    for name, extra in advanced.items():
+        field = model.model_fields.get(name)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            raise ConfigError(f"{where}.{name}: not a section of {path or 'the config'}")
+        if not isinstance(extra, Mapping):
+            raise ConfigError(f"{where}.{name}: must be a mapping")
+        target = section.setdefault(name, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"{path + '.' if path else ''}{name}: must be a mapping")
+        _merge(target, extra, f"{path + '.' if path else ''}{name}")
+    return section
+
+
+def fold_advanced(data: object) -> object:
+    """The config with every `advanced:` block (at the top and in each tenant) merged into the sections
+    beside it: internal knobs may be written there or in place, not both."""
+    if not isinstance(data, dict):
+        return data
+    folded = _fold(dict(data), GatewayConfig, "")
+    tenants = folded.get("tenants")
+    if isinstance(tenants, list):
+        folded["tenants"] = [
+            _fold(dict(t), TenantConfig, f"tenants[{i}]") if isinstance(t, dict) else t
+            for i, t in enumerate(tenants)
+        ]
+    return folded
+
+
 def parse_config(data: object, env: Mapping[str, str] | None = None) -> GatewayConfig:
     """Validate an already-parsed YAML document."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError("<root>: the configuration must be a mapping")
-    resolved = interpolate_env(data, os.environ if env is None else env)
+    resolved = fold_advanced(interpolate_env(data, os.environ if env is None else env))
     try:
         return GatewayConfig.model_validate(resolved)
     except ValidationError as exc:

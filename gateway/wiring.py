@@ -8,9 +8,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
+from typing import TYPE_CHECKING
 
+from gateway.adapters import registry
+from gateway.adapters.lazy_index import LazyMemoryVectors, LazyVectorIndex
 from gateway.adapters.sql.tables import utcnow
-from gateway.config import LOCAL_MODELS, GatewayConfig, MemoryConfig, TenantConfig, TracingConfig
+from gateway.config import GatewayConfig, MemoryConfig, TenantConfig, TracingConfig
 from gateway.errors import ConfigError
 from gateway.features import compacts, learns, remembers, retrieves
 from gateway.jobs.compact import CompactHandler, CompactionTarget
@@ -64,22 +67,14 @@ from gateway.telemetry.metrics import Metrics
 from gateway.tenants import Tenant, TenantRegistry
 from gateway.tracing import NullTracer
 
+if TYPE_CHECKING:
+    from gateway.adapters.sql.store import SqlStore
+
 log = logging.getLogger(__name__)
 
 
 def build_upstream(tenant: TenantConfig) -> Upstream:
-    if tenant.upstream.is_openai_compatible:
-        if tenant.upstream.http_client == "aiohttp":
-            from gateway.adapters.aiohttp_upstream import AiohttpUpstream
-
-            return AiohttpUpstream(tenant.name, tenant.upstream)
-        from gateway.adapters.http_upstream import HttpUpstream
-
-        return HttpUpstream(tenant.name, tenant.upstream)
-    # Non-OpenAI providers go through litellm, which is only imported when such a tenant exists.
-    from gateway.adapters.litellm_upstream import LiteLLMUpstream
-
-    return LiteLLMUpstream(tenant.name, tenant.upstream)
+    return registry.upstream(tenant)
 
 
 def rate_limiter(tenant: TenantConfig) -> RateLimiter | None:
@@ -106,21 +101,39 @@ def background_upstream(tenant: TenantConfig, upstream: Upstream) -> Upstream:
     return upstream
 
 
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What every tenant's pipeline shares: the stores, tokenizers, model catalog and counters."""
+
+    store: MessageStore
+    summaries: SummaryStore
+    tokenizers: Tokenizers
+    catalog: ModelCatalog
+    counters: Counters
+    jobs: JobQueue | None = None
+    clock: Callable[[], datetime] = utcnow
+    epochs: EpochStore | None = None
+    history_memo_messages: int = 0  # per tenant; 0: no memo
+    unanswered_index_seconds: float = 300.0
+
+
 def build_pipeline(
     tenant: TenantConfig,
-    store: MessageStore,
-    summaries: SummaryStore,
-    tokenizers: Tokenizers,
-    catalog: ModelCatalog,
-    counters: Counters,
+    shared: Shared,
+    *,
     index: IndexTarget | None = None,
-    clock: Callable[[], datetime] = utcnow,
-    jobs: JobQueue | None = None,
     memory: tuple[MemoryStore, MemoryTarget] | None = None,
-    history_memo: HistoryMemo | None = None,
-    unanswered_index_seconds: float = 300.0,
-    epochs: EpochStore | None = None,
 ) -> ChatPipeline:
+    store, summaries, tokenizers, counters = (
+        shared.store,
+        shared.summaries,
+        shared.tokenizers,
+        shared.counters,
+    )
+    catalog, clock, jobs, epochs = shared.catalog, shared.clock, shared.jobs, shared.epochs
+    memo = shared.history_memo_messages
+    history_memo = HistoryMemo(memo) if memo else None
+    unanswered_index_seconds = shared.unanswered_index_seconds
     if not tenant.store_conversations:
         return ChatPipeline(counters)  # a pure proxy: nothing stored, nothing rewritten
     context = tenant.context
@@ -203,65 +216,31 @@ def index_table(model: str) -> str:
     return "messages_" + re.sub(r"[^A-Za-z0-9_]+", "_", model).strip("_")
 
 
-def load_local_embedder(model: str, config: GatewayConfig) -> Embedder:
-    """A built-in model (config.LOCAL_MODELS), loaded once at start-up."""
-    threads, batch = config.embeddings.threads, config.embeddings.batch_size
-    if model == LOCAL_MODELS[1]:
-        from gateway.adapters.e5_embedder import E5Embedder
-
-        return E5Embedder.load(threads, batch)
-    from gateway.adapters.onnx_embedder import OnnxEmbedder
-
-    return OnnxEmbedder.load(threads, batch)
-
-
 @dataclass(slots=True)
 class Embedders:
-    """Each tenant's embedder: one copy of each built-in model, shared by the tenants using it."""
+    """Each tenant's embedder, from the registry; tenants whose specs share a key share one (a built-in
+    model is loaded once)."""
 
     config: GatewayConfig
     upstreams: Mapping[str, Upstream]
     tokenizers: Tokenizers
-    local: dict[str, Embedder] = field(default_factory=dict)
+    shared: dict[str, Embedder] = field(default_factory=dict)
 
     def for_tenant(self, tenant: TenantConfig) -> Embedder:
         spec = tenant.retrieval.embedder
-        if spec.provider == "local":
-            if spec.local_model not in self.local:
-                self.local[spec.local_model] = load_local_embedder(spec.local_model, self.config)
-            return self.local[spec.local_model]
-        from gateway.adapters.api_embedder import ApiEmbedder
-
-        assert spec.model is not None and spec.dimensions is not None  # checked by the config
-        return ApiEmbedder(
-            self.upstreams[tenant.name],
-            spec.model,
-            spec.dimensions,
-            spec.batch_size,
-            max_input_tokens=spec.max_input_tokens,
-            count=self.tokenizers.for_model(spec.model).count,
-        )
+        key = registry.embedder_key(spec)
+        if key is not None and key in self.shared:
+            return self.shared[key]
+        context = registry.EmbedderContext(self.config, self.upstreams[tenant.name], self.tokenizers)
+        made = registry.embedder(spec, context)
+        if key is not None:
+            self.shared[key] = made
+        return made
 
 
 def build_indexes(config: GatewayConfig, embedders: Embedders) -> dict[str, IndexTarget]:
     """Each retrieving tenant's embedder and index; tenants sharing a model share both (one table per
     model, rows filtered by tenant)."""
-    from gateway.adapters.lazy_index import LazyVectorIndex
-
-    def opener(table: str, dimensions: int) -> Callable[[], VectorIndex]:
-        def open_index() -> VectorIndex:
-            from gateway.adapters.lance_index import LanceIndex  # LanceDB: ~90 MB, imported here
-
-            return LanceIndex.open(
-                config.storage.index_location,
-                table,
-                dimensions,
-                storage_options=config.storage.index_storage_options or None,
-                cache_rows=config.storage.vector_cache_mb * 2**20 // (4 * dimensions),
-            )
-
-        return open_index
-
     indexes: dict[str, VectorIndex] = {}
     targets: dict[str, IndexTarget] = {}
     for tenant in config.tenants:
@@ -270,8 +249,9 @@ def build_indexes(config: GatewayConfig, embedders: Embedders) -> dict[str, Inde
         embedder = embedders.for_tenant(tenant)
         table = index_table(embedder.model)
         if table not in indexes:
+            spec = registry.IndexSpec(config, table, embedder.dimensions)
             # Opened by its first use, not now: an idle gateway holds no LanceDB (lazy_index.py).
-            indexes[table] = LazyVectorIndex(opener(table, embedder.dimensions))
+            indexes[table] = LazyVectorIndex(partial(registry.message_index, spec))
         targets[tenant.name] = IndexTarget(embedder, indexes[table], tenant.retrieval.index_batch_messages)
     return targets
 
@@ -285,21 +265,6 @@ def build_memory(
     config: GatewayConfig, embedders: Embedders, upstreams: Mapping[str, Upstream]
 ) -> dict[str, MemoryTarget]:
     """Each remembering tenant's memory index (a table per embedding model, beside the messages')."""
-    from gateway.adapters.lazy_index import LazyMemoryVectors
-
-    def opener(table: str, dimensions: int) -> Callable[[], MemoryVectors]:
-        def open_vectors() -> MemoryVectors:
-            from gateway.adapters.lance_memories import LanceMemoryVectors
-
-            return LanceMemoryVectors.open(
-                config.storage.index_location,
-                table,
-                dimensions,
-                storage_options=config.storage.index_storage_options or None,
-            )
-
-        return open_vectors
-
     tables: dict[str, MemoryVectors] = {}
     targets: dict[str, MemoryTarget] = {}
     for tenant in config.tenants:
@@ -308,7 +273,8 @@ def build_memory(
         embedder = embedders.for_tenant(tenant)
         table = memory_table(embedder.model)
         if table not in tables:
-            tables[table] = LazyMemoryVectors(opener(table, embedder.dimensions))  # as the indexes
+            spec = registry.IndexSpec(config, table, embedder.dimensions)
+            tables[table] = LazyMemoryVectors(partial(registry.memory_vectors, spec))  # as the indexes
         targets[tenant.name] = MemoryTarget(upstreams[tenant.name], tenant.memory, embedder, tables[table])
     return targets
 
@@ -320,31 +286,17 @@ def build_deps(
 ) -> Deps:
     """Adapters and pipelines from `config`; `handlers` (job kind -> handler) go to the worker pool;
     `clock` dates stored messages and resolves "last week" (a settable one replays dated histories)."""
-    from gateway.adapters.cached_store import CachedMessageStore
-    from gateway.adapters.model_catalog import LiteLLMModelCatalog
     from gateway.adapters.sql.memories import SqlMemoryStore
     from gateway.adapters.sql.responses import SqlResponseStore
-    from gateway.adapters.sql.store import SqlStore
-    from gateway.adapters.sql.summaries import SqlSummaryStore
-    from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
 
-    counters = Counters()
-    sql = SqlStore.open(config.storage.database_url, clock)
-    summaries = SqlSummaryStore(sql.engine)
-    size = config.storage.node_cache_size
-    store: MessageStore = CachedMessageStore(sql, size) if size else sql
-    memo_size = config.storage.history_memo_messages
-    tokenizers = TiktokenTokenizers()
-    # o200k_base now (~0.4 s), not inside the first request: it counts every model but the gpt-4 and
-    # gpt-3.5 families. Their cl100k_base (~30 MB resident) loads with the first request that names one.
-    tokenizers.for_model("gpt-4o")
-    catalog = LiteLLMModelCatalog.load()
+    shared, sql = _shared(config, clock)
     upstreams = {t.name: build_upstream(t) for t in config.tenants}
     own = {t.name: background_upstream(t, upstreams[t.name]) for t in config.tenants}
-    embedders = Embedders(config, own, tokenizers)
+    embedders = Embedders(config, own, shared.tokenizers)
     indexes = build_indexes(config, embedders)
     memory = build_memory(config, embedders, own)
     memories = SqlMemoryStore(sql.engine)
+    body_memo = config.storage.body_memo_bytes
     tenants = TenantRegistry(
         Tenant(
             t.name,
@@ -352,70 +304,97 @@ def build_deps(
             upstreams[t.name],
             build_pipeline(
                 t,
-                store,
-                summaries,
-                tokenizers,
-                catalog,
-                counters,
-                indexes.get(t.name),
-                clock,
-                sql.jobs,
-                (memories, memory[t.name]) if t.name in memory else None,
-                HistoryMemo(memo_size) if memo_size else None,
-                config.jobs.unanswered_index_seconds,
-                summaries,
+                shared,
+                index=indexes.get(t.name),
+                memory=(memories, memory[t.name]) if t.name in memory else None,
             ),
             build_messages_upstream(t),
             rate_limiter(t),
-            BodyMemo(config.storage.body_memo_bytes, counters) if config.storage.body_memo_bytes else None,
+            BodyMemo(body_memo, shared.counters) if body_memo else None,
         )
         for t in config.tenants
     )
-    targets = {
-        t.name: CompactionTarget(
-            own[t.name],
-            t.config.compaction,
-            CompactionPolicy.for_tenant(t.config.context, t.config.compaction),
-        )
-        for t in tenants.tenants
-        if compacts(t.config)
-    }
-    # Tenants whose memory is learnt in the background (with a key of the gateway's own).
-    learners = {t.name: memory[t.name] for t in config.tenants if t.name in memory and learns(t)}
-    metrics = Metrics(counters)
-    all_handlers: dict[str, JobHandler] = {
-        COMPACT: CompactHandler(store, summaries, tokenizers, targets.get),
-        EMBED: EmbedHandler(store, indexes.get, sql.jobs, metrics.job),
-        EXTRACT_MEMORY: ExtractMemoryHandler(
-            store,
-            memories,
-            learners.get,
-            sql.jobs,
-            clock,
-        ),
-        PROFILE: ProfileHandler(memories, learners.get),
-        TITLE: TitleHandler(store, learners.get),
-    }
+    metrics = Metrics(shared.counters)
+    all_handlers = _handlers(config, shared, own, indexes, memory, memories, metrics)
     all_handlers.update(handlers or {})
-    jobs = sql.jobs
-    workers = WorkerPool(jobs, all_handlers, config.jobs, observe=metrics.job)
+    workers = WorkerPool(sql.jobs, all_handlers, config.jobs, observe=metrics.job)
     # Jobs this process enqueues (with the messages that cause them) start without waiting for a poll.
-    jobs.add_listener(workers.notify)
+    sql.jobs.add_listener(workers.notify)
     return Deps(
         tenants=tenants,
-        store=store,
-        summaries=summaries,
-        jobs=jobs,
+        store=shared.store,
+        summaries=shared.summaries,
+        jobs=sql.jobs,
         workers=workers,
-        tokenizers=tokenizers,
+        tokenizers=shared.tokenizers,
         responses=SqlResponseStore(sql.engine),
         metrics=metrics,
-        counters=counters,
+        counters=shared.counters,
         indexes=indexes,
         memories=memories,
         memory=memory,
         tracer=build_tracer(config.tracing),
     )
+
+
+def _shared(config: GatewayConfig, clock: Callable[[], datetime]) -> tuple[Shared, SqlStore]:
+    """The process-wide adapters every pipeline shares, and the SQL store under them."""
+    from gateway.adapters.cached_store import CachedMessageStore
+    from gateway.adapters.model_catalog import LiteLLMModelCatalog
+    from gateway.adapters.sql.store import SqlStore
+    from gateway.adapters.sql.summaries import SqlSummaryStore
+    from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
+
+    sql = SqlStore.open(config.storage.database_url, clock)
+    summaries = SqlSummaryStore(sql.engine)
+    size = config.storage.node_cache_size
+    tokenizers = TiktokenTokenizers()
+    # o200k_base now (~0.4 s), not inside the first request: it counts every model but the gpt-4 and
+    # gpt-3.5 families. Their cl100k_base (~30 MB resident) loads with the first request that names one.
+    tokenizers.for_model("gpt-4o")
+    shared = Shared(
+        store=CachedMessageStore(sql, size) if size else sql,
+        summaries=summaries,
+        tokenizers=tokenizers,
+        catalog=LiteLLMModelCatalog.load(),
+        counters=Counters(),
+        jobs=sql.jobs,
+        clock=clock,
+        epochs=summaries,
+        history_memo_messages=config.storage.history_memo_messages,
+        unanswered_index_seconds=config.jobs.unanswered_index_seconds,
+    )
+    return shared, sql
+
+
+def _handlers(
+    config: GatewayConfig,
+    shared: Shared,
+    own: Mapping[str, Upstream],
+    indexes: Mapping[str, IndexTarget],
+    memory: Mapping[str, MemoryTarget],
+    memories: MemoryStore,
+    metrics: Metrics,
+) -> dict[str, JobHandler]:
+    """The background jobs' handlers, each reaching its tenant's targets by name."""
+    store, jobs = shared.store, shared.jobs
+    assert jobs is not None  # the SQL store's queue, always set by _shared
+    targets = {
+        t.name: CompactionTarget(
+            own[t.name], t.compaction, CompactionPolicy.for_tenant(t.context, t.compaction)
+        )
+        for t in config.tenants
+        if compacts(t)
+    }
+    # Tenants whose memory is learnt in the background (with a key of the gateway's own).
+    learners = {t.name: memory[t.name] for t in config.tenants if t.name in memory and learns(t)}
+    return {
+        COMPACT: CompactHandler(store, shared.summaries, shared.tokenizers, targets.get),
+        EMBED: EmbedHandler(store, indexes.get, jobs, metrics.job),
+        EXTRACT_MEMORY: ExtractMemoryHandler(store, memories, learners.get, jobs, shared.clock),
+        PROFILE: ProfileHandler(memories, learners.get),
+        TITLE: TitleHandler(store, learners.get),
+    }
 
 
 def build_tracer(config: TracingConfig) -> Tracer:

@@ -50,7 +50,61 @@ def yaml_paths(value: object, prefix: str = "") -> set[str]:
 
 def test_example_documents_every_key_and_only_real_keys() -> None:
     documented = yaml_paths(yaml.safe_load(EXAMPLE.read_text()))
-    assert documented == model_paths(GatewayConfig)
+    # `advanced:` blocks merge into the sections beside them.
+    folded = {p.replace("advanced.", "") for p in documented if not p.endswith("advanced")}
+    assert folded == model_paths(GatewayConfig)
+
+
+def user_facing(value: object, prefix: str = "") -> set[str]:
+    """The settings written outside `advanced:`; a list (keys, priced models) is one setting."""
+    paths: set[str] = set()
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "advanced":
+                continue
+            nested = user_facing(item, f"{prefix}{key}.")
+            paths |= nested or {f"{prefix}{key}"}
+    elif isinstance(value, list) and value and isinstance(value[0], dict) and "name" in value[0]:
+        for item in value:  # tenants: each tenant's settings
+            paths |= user_facing(item, prefix)
+    return paths
+
+
+def test_the_example_shows_at_most_forty_settings_outside_advanced() -> None:
+    shown = user_facing(yaml.safe_load(EXAMPLE.read_text()))
+    assert "tenants.upstream.base_url" in shown and "storage.database_url" in shown
+    assert "tenants.upstream.http_client" not in shown and "jobs.poll_seconds" not in shown
+    assert len(shown) <= 40, sorted(shown)
+
+
+def test_advanced_merges_into_the_sections_beside_it() -> None:
+    data = minimal()
+    data["advanced"] = {"jobs": {"poll_seconds": 0.5}, "storage": {"index": "memory"}}
+    data["tenants"][0]["advanced"] = {"retrieval": {"neighbours": 2, "embedder": {"batch_size": 8}}}
+    data["tenants"][0]["retrieval"] = {"embedder": {"provider": "fake"}}
+    config = parse_config(data, {})
+    assert config.jobs.poll_seconds == 0.5 and config.storage.index == "memory"
+    retrieval = config.tenants[0].retrieval
+    assert retrieval.neighbours == 2
+    assert (retrieval.embedder.provider, retrieval.embedder.batch_size) == ("fake", 8)
+
+
+@pytest.mark.parametrize(
+    ("advanced", "message"),
+    [
+        ({"jobs": {"workers": 1}}, r"jobs\.workers is set twice"),
+        ({"tenants": {}}, r"advanced\.tenants: not a section"),
+        ({"nope": {}}, r"advanced\.nope: not a section"),
+        ({"jobs": 3}, r"advanced\.jobs: must be a mapping"),
+        ([1], r"advanced: must be a mapping"),
+    ],
+)
+def test_advanced_errors_name_the_key(advanced: object, message: str) -> None:
+    data = minimal()
+    data["jobs"] = {"workers": 2}
+    data["advanced"] = advanced
+    with pytest.raises(ConfigError, match=message):
+        parse_config(data, {})
 
 
 def test_every_example_key_has_a_comment_above_it() -> None:
