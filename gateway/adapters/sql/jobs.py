@@ -20,6 +20,7 @@ from sqlalchemy import Engine, Update, delete, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from gateway.adapters.sql.engine import build_engine
 from gateway.adapters.sql.job_statements import JOBS as _JOBS
 from gateway.adapters.sql.job_statements import statements as _statements
 from gateway.adapters.sql.migrations import migrate
@@ -89,8 +90,6 @@ class SqlJobQueue:
     @classmethod
     def open(cls, url: str) -> SqlJobQueue:
         """A queue with an engine of its own (a worker-only process, or a test standing in for one)."""
-        from gateway.adapters.sql.store import build_engine  # the store module imports this one
-
         engine = build_engine(url)
         migrate(engine)
         return cls(engine, owns_engine=True)
