@@ -20,7 +20,7 @@ import httpx
 
 from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizer
 from gateway.app import create_app
-from gateway.config import parse_config
+from gateway.config import GatewayConfig, parse_config
 from gateway.fakes.openai_upstream import FakeUpstream
 from gateway.fakes.server import BackgroundServer
 
@@ -92,24 +92,7 @@ def run_demo(turns: int, echo: Callable[[str], None], *, keep: bool = False) -> 
         tempfile.TemporaryDirectory(prefix="context-gateway-demo-") as data,
         BackgroundServer(upstream.app()) as fake,
     ):
-        config = parse_config(
-            {
-                "storage": {"database_url": f"sqlite:///{data}/demo.db", "data_dir": data},
-                "jobs": {"poll_seconds": 0.05},
-                "tenants": [
-                    {
-                        "name": "demo",
-                        "api_keys": [DEMO_KEY],
-                        "upstream": {"base_url": f"{fake.url}/v1", "api_key": "stand-in"},
-                        # A small budget so the prompt is cut after a few turns, and summaries early.
-                        "context": {"budget_tokens": DEMO_BUDGET, "recent_tokens": 250},
-                        "compaction": {"threshold_tokens": 150, "chunk_tokens": 300, "summary_tokens": 200},
-                        "memory": {"extract_delay_seconds": 0, "profile_delay_seconds": 0},
-                    }
-                ],
-            },
-            {},
-        )
+        config = _demo_config(fake.url, data)
         with BackgroundServer(create_app(config)) as gateway:
             client = OpenAI(
                 base_url=f"{gateway.url}/v1", api_key=DEMO_KEY, default_headers={"X-User-Id": DEMO_USER}
@@ -149,21 +132,46 @@ def run_demo(turns: int, echo: Callable[[str], None], *, keep: bool = False) -> 
 
             echo("Conversation 2: a new chat of the same user starts with what memory holds")
             say([{"role": "system", "content": "You are a helpful travel assistant."}], NEW_CHAT, 1, True)
-            if keep:
-                echo(
-                    f"\nDashboard: {gateway.url}/dashboard (sign in with the key {DEMO_KEY!r}). Ctrl+C stops."
-                )
-                try:
-                    while True:
-                        time.sleep(3600)
-                except KeyboardInterrupt:
-                    pass
-            else:
-                echo(
-                    "\n`context-gateway demo --keep` leaves this gateway running: open its /dashboard to see "
-                    "each request's context as a bar, the conversation tree, the summaries and the memories."
-                )
+            _linger(gateway.url, keep, echo)
     echo(
         "\nDone. Point any OpenAI SDK at the gateway: OpenAI(base_url='http://HOST:PORT/v1', api_key=GATEWAY_KEY)"
     )
     return 0
+
+
+def _demo_config(fake_url: str, data: str) -> GatewayConfig:
+    """One tenant on the stand-in model, on a throwaway store under `data`."""
+    return parse_config(
+        {
+            "storage": {"database_url": f"sqlite:///{data}/demo.db", "data_dir": data},
+            "jobs": {"poll_seconds": 0.05},
+            "tenants": [
+                {
+                    "name": "demo",
+                    "api_keys": [DEMO_KEY],
+                    "upstream": {"base_url": f"{fake_url}/v1", "api_key": "stand-in"},
+                    # A small budget so the prompt is cut after a few turns, and summaries early.
+                    "context": {"budget_tokens": DEMO_BUDGET, "recent_tokens": 250},
+                    "compaction": {"threshold_tokens": 150, "chunk_tokens": 300, "summary_tokens": 200},
+                    "memory": {"extract_delay_seconds": 0, "profile_delay_seconds": 0},
+                }
+            ],
+        },
+        {},
+    )
+
+
+def _linger(gateway_url: str, keep: bool, echo: Callable[[str], None]) -> None:
+    """With `keep`, the gateway stays up for its dashboard until Ctrl+C."""
+    if keep:
+        echo(f"\nDashboard: {gateway_url}/dashboard (sign in with the key {DEMO_KEY!r}). Ctrl+C stops.")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    else:
+        echo(
+            "\n`context-gateway demo --keep` leaves this gateway running: open its /dashboard to see "
+            "each request's context as a bar, the conversation tree, the summaries and the memories."
+        )
