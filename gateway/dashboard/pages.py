@@ -26,97 +26,20 @@ from gateway.cache_usage import normalise
 from gateway.config import hash_key
 from gateway.dashboard.bars import bar
 from gateway.dashboard.session import COOKIE, LIFETIME_SECONDS, Sessions
+from gateway.dashboard.views import injected_memories, memory_detail, message_tree, preview
 from gateway.errors import AuthenticationFailed, InvalidRequest
 from gateway.http.api import conversation_filter
 from gateway.http.memory_api import MemoryType, profile_changed
-from gateway.inbound.chat_form import calls_of, text_of
 from gateway.memory.records import USER_SCOPE, Memory, MemoryFilter
 from gateway.memory.service import MemoryService
-from gateway.records import StoredMessage
 from gateway.sent import retrieved_groups, sent_messages
 from gateway.services import Deps
 from gateway.tenants import Tenant
 
 PAGE = 50
-PREVIEW = 160
 MEMORY_TYPES = get_args(MemoryType)
 
 Handler = Callable[[Request, Tenant], Awaitable[Response]]
-
-
-def _preview(message: StoredMessage) -> str:
-    text = " ".join(text_of(message.data.get("content")).split())
-    calls = [c.name for c in calls_of(message.data)]
-    if calls:
-        text = (text + " " if text else "") + "→ " + ", ".join(calls)
-    return text if len(text) <= PREVIEW else text[: PREVIEW - 1] + "…"
-
-
-def _memory_detail(sections: object) -> dict[str, object]:
-    """The memory the request sent, both parts of it: standing (the stable block) and relevant (the tail)."""
-    if not isinstance(sections, dict):
-        return {}
-    parts = [sections.get(name) for name in ("memory", "memory_relevant")]
-    found = [p for p in parts if isinstance(p, dict)]
-    return {
-        "standing": [i for p in found for i in p.get("standing") or []],
-        "relevant": [r for p in found for r in p.get("relevant") or []],
-    }
-
-
-async def _injected_memories(deps: Deps, tenant: str, detail: object) -> list[dict[str, object]]:
-    """The memories a request's memory section sent, with why (standing, or relevant: score, similarity,
-    reason) and their text as it is now (None: deleted since)."""
-    if not isinstance(detail, dict):
-        return []
-    standing = [i for i in detail.get("standing") or [] if isinstance(i, str)]
-    relevant = [
-        r for r in detail.get("relevant") or [] if isinstance(r, dict) and isinstance(r.get("id"), str)
-    ]
-    ids = [*standing, *(str(r["id"]) for r in relevant)]
-    if not ids or deps.memories is None:
-        return []
-    now = {m.id: m for m in await deps.memories.many(tenant, ids)}
-    rows: list[dict[str, object]] = [
-        {"id": i, "why": "standing preference or fact", "score": None, "similarity": None} for i in standing
-    ]
-    rows += [
-        {"id": r["id"], "why": r.get("why"), "score": r.get("score"), "similarity": r.get("similarity")}
-        for r in relevant
-    ]
-    for row in rows:
-        found = now.get(str(row["id"]))
-        row["content"] = found.content if found is not None else None
-    return rows
-
-
-def _tree(messages: list[StoredMessage], leaf: str | None) -> list[dict[str, object]]:
-    """Nested nodes for the template: each with its children; `on_path` marks the root-to-leaf path."""
-    by_id = {m.node.id: m for m in messages}
-    path: set[str] = set()
-    node_id = leaf if leaf in by_id else None
-    while node_id is not None and node_id in by_id:
-        path.add(node_id)
-        node_id = by_id[node_id].node.parent_id
-    children: dict[str | None, list[StoredMessage]] = {}
-    for message in sorted(messages, key=lambda m: (m.node.depth, m.created_at)):
-        parent = message.node.parent_id if message.node.parent_id in by_id else None
-        children.setdefault(parent, []).append(message)
-
-    def build(parent: str | None) -> list[dict[str, object]]:
-        return [
-            {
-                "id": m.node.id,
-                "role": m.node.role,
-                "tokens": m.node.token_count,
-                "text": _preview(m),
-                "on_path": m.node.id in path,
-                "children": build(m.node.id),
-            }
-            for m in children.get(parent, [])
-        ]
-
-    return build(None)
 
 
 class Dashboard:
@@ -318,8 +241,8 @@ class Dashboard:
             "conversation.html",
             tenant=tenant.name,
             conversation=conversation,
-            tree=_tree(messages, leaf),
-            leaves=[(m.node.id, _preview(m)) for m in sorted(leaves, key=lambda m: m.created_at)],
+            tree=message_tree(messages, leaf),
+            leaves=[(m.node.id, preview(m)) for m in sorted(leaves, key=lambda m: m.created_at)],
             leaf=leaf,
             requests=[(t.record, t.usage) for t in reversed(cost.turns)],
             cost=cost,
@@ -348,7 +271,7 @@ class Dashboard:
             sections=sections,
             sent=sent_messages(report, path, record.sent_context),
             groups=retrieved_groups(report, path),
-            memories=await _injected_memories(deps, tenant.name, _memory_detail(sections)),
+            memories=await injected_memories(deps, tenant.name, memory_detail(sections)),
             report_json=orjson.dumps(report, option=orjson.OPT_INDENT_2).decode(),
         )
 
