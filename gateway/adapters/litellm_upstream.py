@@ -21,6 +21,7 @@ import httpx
 import orjson
 
 from gateway.adapters.http_upstream import translate_error
+from gateway.adapters.litellm_wire import completion, frame
 from gateway.config import UpstreamConfig
 from gateway.errors import NotSupported, UpstreamError, UpstreamTimeout, UpstreamUnreachable
 from gateway.ports import JSON, ChatPayload, Headers, JSONObject, UpstreamResponse
@@ -169,7 +170,7 @@ class LiteLLMUpstream:
             return self._failed(exc)
         if arguments.get("stream") is True:
             return await self._stream(result, extra)
-        body = orjson.dumps(_completion(result.model_dump()))
+        body = orjson.dumps(completion(result.model_dump()))
         return UpstreamResponse(200, [("content-type", "application/json"), *extra], _once(body), _nothing)
 
     async def forward(
@@ -247,9 +248,9 @@ class LiteLLMUpstream:
         if first is None:
             return  # no chunk and no [DONE]: the relay reports the truncated stream
         try:
-            yield _frame(first)
+            yield frame(first)
             async for chunk in chunks:
-                yield _frame(chunk)
+                yield frame(chunk)
         except self._errors as exc:
             raise self._mid_stream(exc) from exc
         yield _DONE
@@ -422,85 +423,3 @@ async def _once(body: bytes) -> AsyncIterator[bytes]:
 
 async def _nothing() -> None:
     return None
-
-
-def _frame(chunk: Any) -> bytes:
-    return b"data: " + orjson.dumps(_chunk(chunk.model_dump())) + b"\n\n"
-
-
-# What OpenAI itself sends: litellm's objects also carry provider_specific_fields, thinking_blocks,
-# function_call/audio nulls and Anthropic cache counters, which OpenAI clients do not know.
-_TOP_FIELDS = ("id", "object", "created", "model", "system_fingerprint", "service_tier")
-_MESSAGE_FIELDS = ("role", "content", "refusal", "reasoning_content", "annotations", "audio")
-_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
-_USAGE_DETAILS = {
-    "prompt_tokens_details": ("cached_tokens", "audio_tokens"),
-    "completion_tokens_details": (
-        "reasoning_tokens",
-        "audio_tokens",
-        "accepted_prediction_tokens",
-        "rejected_prediction_tokens",
-    ),
-}
-
-
-def _completion(data: Mapping[str, Any]) -> JSONObject:
-    out = _pick(data, _TOP_FIELDS)
-    out["choices"] = [_choice(choice, "message") for choice in data.get("choices") or []]
-    usage = _usage(data.get("usage"))
-    if usage is not None:
-        out["usage"] = usage
-    return out
-
-
-def _chunk(data: Mapping[str, Any]) -> JSONObject:
-    out = _pick(data, _TOP_FIELDS)
-    out["object"] = "chat.completion.chunk"
-    out["choices"] = [_choice(choice, "delta") for choice in data.get("choices") or []]
-    usage = _usage(data.get("usage"))
-    if usage is not None:
-        out["usage"] = usage
-    return out
-
-
-def _choice(choice: Mapping[str, Any], part: str) -> JSONObject:
-    message = choice.get(part) or {}
-    body = _pick(message, _MESSAGE_FIELDS)
-    calls = message.get("tool_calls")
-    if calls:
-        body["tool_calls"] = [_tool_call(call, with_index=part == "delta") for call in calls]
-        if part == "delta" and body.get("content") == "":
-            del body["content"]  # litellm pads tool-call deltas with "", OpenAI sends no content there
-    if part == "message":
-        body.setdefault("content", None)  # OpenAI always sends the key, null beside tool calls
-    return {
-        "index": choice.get("index", 0),
-        part: body,
-        "logprobs": choice.get("logprobs"),
-        "finish_reason": choice.get("finish_reason"),
-    }
-
-
-def _tool_call(call: Mapping[str, Any], *, with_index: bool) -> JSONObject:
-    out = _pick(call, ("index", "id", "type") if with_index else ("id", "type"))
-    function = call.get("function")
-    if isinstance(function, Mapping):
-        out["function"] = _pick(function, ("name", "arguments"))
-    return out
-
-
-def _usage(usage: Any) -> JSONObject | None:
-    if not isinstance(usage, Mapping):
-        return None
-    out = _pick(usage, _USAGE_FIELDS)
-    for key, fields in _USAGE_DETAILS.items():
-        details = usage.get(key)
-        if isinstance(details, Mapping):
-            picked = _pick(details, fields)
-            if picked:
-                out[key] = picked
-    return out
-
-
-def _pick(data: Mapping[str, Any], fields: tuple[str, ...]) -> JSONObject:
-    return {key: data[key] for key in fields if data.get(key) is not None}
