@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import ClassVar
 
-from gateway.cache_usage import miss_reason, normalise, stored_usage
+from gateway.cache_usage import CacheUsage, miss_reason, normalise, stored_usage
 from gateway.metrics import Counters
 from gateway.pipeline.call import ChatCall, ChatOutcome
 from gateway.pipeline.canonical import chain_hashes
@@ -50,9 +50,17 @@ class PersistStep:
 
     async def __call__(self, call: ChatCall, outcome: ChatOutcome) -> None:
         state = call.state
-        model = call.body.get("model")
-        answer = None
-        jobs: tuple[NewJob, ...] = ()
+        answer = self._with_later_jobs(call, self._exchange(call, outcome))
+        stored = await self.store.complete(self._record(call, outcome), answer)
+        if stored and answer is not None and answer.messages:
+            state.answer_id = answer.messages[0].id
+        elif not stored:
+            state.conversation_id, state.conversation_deleted = None, True
+
+    def _exchange(self, call: ChatCall, outcome: ChatOutcome) -> AppendRequest | None:
+        """The answer as the child of the request's newest message, with its jobs; with no answer (the
+        upstream failed), the question's embed job alone."""
+        state = call.state
         message = _answer_message(outcome)
         # The ingest's fallback job for this request's new messages: the jobs queued here cover them.
         cancel = (
@@ -61,29 +69,9 @@ class PersistStep:
             else ()
         )
         if message is not None and state.leaf_id is not None and state.conversation_id is not None:
-            tokenizer = self.tokenizers.for_model(str(model))
-            node_id = next(chain_hashes(bytes.fromhex(state.leaf_id), [message])).hex()
-            tokens = tokenizer.count_message(message)
-            new = NewMessage(
-                id=node_id,
-                parent_id=state.leaf_id,
-                depth=state.leaf_depth + 1,
-                role="assistant",
-                data=message,
-                token_count=tokens,
-                path_tokens=state.leaf_path_tokens + tokens,
-                remember=not state.incognito,
-            )
-            policy = self.compaction
-            if (
-                policy is not None
-                and not state.provider_compaction
-                and policy.due(new.path_tokens, state.summary_path_tokens)
-            ):
-                jobs = (compact_job(call.tenant, state.conversation_id, new.id, model),)
-            if self.index:
-                jobs += (EmbedWork(state.conversation_id, new.id, state.appended + 1).job(call.tenant),)
-            answer = AppendRequest(
+            new = self._answer_node(call, message, state.leaf_id)
+            jobs = self._answer_jobs(call, state.conversation_id, new)
+            return AppendRequest(
                 call.tenant,
                 state.conversation_id,
                 state.user_id,
@@ -93,40 +81,71 @@ class PersistStep:
                 state.appended > 0,
                 cancel,
             )
-        elif (
-            self.index and state.appended and state.leaf_id is not None and state.conversation_id is not None
-        ):
-            # No answer (the upstream failed): the question is indexed all the same, in the same transaction.
+        if self.index and state.appended and state.leaf_id is not None and state.conversation_id is not None:
+            # No answer: the question is indexed all the same, in the same transaction.
             jobs = (EmbedWork(state.conversation_id, state.leaf_id, state.appended).job(call.tenant),)
-            answer = AppendRequest(
+            return AppendRequest(
                 call.tenant, state.conversation_id, state.user_id, None, (), jobs, True, cancel
             )
+        return None
+
+    def _answer_node(self, call: ChatCall, message: JSONObject, leaf_id: str) -> NewMessage:
+        state = call.state
+        tokens = self.tokenizers.for_model(str(call.body.get("model"))).count_message(message)
+        return NewMessage(
+            id=next(chain_hashes(bytes.fromhex(leaf_id), [message])).hex(),
+            parent_id=leaf_id,
+            depth=state.leaf_depth + 1,
+            role="assistant",
+            data=message,
+            token_count=tokens,
+            path_tokens=state.leaf_path_tokens + tokens,
+            remember=not state.incognito,
+        )
+
+    def _answer_jobs(self, call: ChatCall, conversation_id: str, new: NewMessage) -> tuple[NewJob, ...]:
+        """A compaction when the path has grown past its policy, the exchange's embed job."""
+        state = call.state
+        jobs: tuple[NewJob, ...] = ()
+        policy = self.compaction
+        if (
+            policy is not None
+            and not state.provider_compaction
+            and policy.due(new.path_tokens, state.summary_path_tokens)
+        ):
+            jobs = (compact_job(call.tenant, conversation_id, new.id, call.body.get("model")),)
+        if self.index:
+            jobs += (EmbedWork(conversation_id, new.id, state.appended + 1).job(call.tenant),)
+        return jobs
+
+    def _with_later_jobs(self, call: ChatCall, answer: AppendRequest | None) -> AppendRequest | None:
+        """The memory extraction and title jobs this request makes due, on the same append."""
+        state = call.state
         learn = self._memory_job(call)
         if learn is not None and state.conversation_id is not None:
             if answer is None:
                 answer = AppendRequest(call.tenant, state.conversation_id, state.user_id, None, (), ())
             answer = replace(answer, jobs=(*answer.jobs, learn))
         if answer is not None and answer.messages and self._titles_due(call):
+            model = call.body.get("model")
             name = model if isinstance(model, str) else None
             title = title_job(call.tenant, answer.conversation_id or "", name, self.extract_delay or 0.0)
             answer = replace(answer, jobs=(*answer.jobs, title))
-        # What the provider's prompt cache did: kept with the usage, in the report, and counted.
+        return answer
+
+    def _record(self, call: ChatCall, outcome: ChatOutcome) -> RequestRecord:
+        """The request record, with what the provider's prompt cache did: kept with the usage, in the
+        report, and counted."""
+        state = call.state
+        model = call.body.get("model")
         reading = normalise(outcome.usage)
         report = state.report
         if reading is not None:
             if report is not None:
-                cache = reading.report()
-                previous = (
-                    self.ledger.turn(state.conversation_id, client_prefix(call.body))
-                    if self.ledger is not None and state.conversation_id is not None
-                    else None
-                )
-                if (miss := miss_reason(report, reading, previous)) is not None:
-                    cache["miss"] = miss
-                report = {**report, "cache": cache}
+                report = {**report, "cache": self._cache_report(call, report, reading)}
             if self.counters is not None:
                 self.counters.count_input(call.tenant, reading)
-        record = RequestRecord(
+        return RequestRecord(
             id=call.request_id,
             tenant=call.tenant,
             conversation_id=state.conversation_id,
@@ -145,11 +164,19 @@ class PersistStep:
             latency_ms=(time.perf_counter() - call.started) * 1000,
             created_at=datetime.now(UTC),
         )
-        stored = await self.store.complete(record, answer)
-        if stored and answer is not None and answer.messages:
-            state.answer_id = answer.messages[0].id
-        elif not stored:
-            state.conversation_id, state.conversation_deleted = None, True
+
+    def _cache_report(self, call: ChatCall, report: JSONObject, reading: CacheUsage) -> JSONObject:
+        """The cache's reading for the report, with why it missed (against the conversation's last turn)."""
+        state = call.state
+        cache = reading.report()
+        previous = (
+            self.ledger.turn(state.conversation_id, client_prefix(call.body))
+            if self.ledger is not None and state.conversation_id is not None
+            else None
+        )
+        if (miss := miss_reason(report, reading, previous)) is not None:
+            cache["miss"] = miss
+        return cache
 
     def _titles_due(self, call: ChatCall) -> bool:
         """After a conversation's first exchange, and whenever this exchange crossed a multiple of
