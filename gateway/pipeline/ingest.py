@@ -22,7 +22,7 @@ from gateway.pipeline.canonical import chain_hashes, root_hash
 from gateway.pipeline.history_memo import HistoryMemo, Seen
 from gateway.pipeline.identify import Identity, explicit_identity
 from gateway.ports import ChatPayload, JSONObject, MessageStore, Tokenizer, Tokenizers
-from gateway.records import AppendRequest, NewMessage, StoredNode, unanswered_embed_job
+from gateway.records import AppendRequest, Conversation, NewMessage, StoredNode, unanswered_embed_job
 from gateway.tracing import spanned
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -52,6 +52,31 @@ def _deepest(hashes: list[str], nodes: dict[str, StoredNode], start: int = 0) ->
         if hashes[index] in nodes:
             return index
     return -1
+
+
+@dataclass(slots=True)
+class _Identified:
+    """What the store knows of the client's chain."""
+
+    key: str | None  # the memo's key for this chain
+    seen: Seen | None  # what the memo last saw there
+    shared: int  # how much of it this chain shares
+    hashes: list[str]
+    nodes: dict[str, StoredNode]  # the stored nodes among `hashes`
+    deepest: int  # index of the deepest stored hash; -1: none
+    conversation: Conversation | None  # the explicit conversation, if named and stored
+
+
+@dataclass(slots=True)
+class _Placed:
+    """The chain's new messages: under `parent`, at `depth`, after `base_tokens` of path."""
+
+    parent: StoredNode | None
+    new: list[JSONObject]
+    depth: int
+    base_tokens: int
+    hashes: list[str]  # the chain's hashes (from the parent, in thin mode)
+    conversation_id: str | None
 
 
 @dataclass(slots=True)
@@ -91,6 +116,37 @@ class IngestStep:
         system, chain = messages[:leading], messages[leading:]
         state.items = [HistoryItem(m, tokenizer.count_message(m)) for m in system]
         state.history_tokens = sum(item.tokens or 0 for item in state.items)
+        found = await self._identify(call, ident, chain, leading)
+        placed = await self._place(call, ident, chain, leading, found)
+        parent, hashes, conversation_id = placed.parent, placed.hashes, placed.conversation_id
+        if parent is not None:
+            state.history_tokens += parent.path_tokens
+            conversation_id = conversation_id or parent.conversation_id
+
+        new = placed.new
+        appended = _new_messages(
+            new, hashes[len(hashes) - len(new) :], parent, placed.depth, placed.base_tokens, tokenizer
+        )
+        state.items += [HistoryItem(m.data, m.token_count, m.id) for m in appended]
+        state.history_tokens += sum(m.token_count for m in appended)
+        state.appended = len(appended)
+        await self._store(call, state, ident, conversation_id, appended)
+        if found.key is not None and self.memo is not None and not state.thin:
+            self.memo.keep(found.key, Seen(chain, hashes, state.items[len(system) :]))
+        last = appended[-1] if appended else parent
+        if last is not None:
+            state.leaf_id, state.leaf_depth = last.id, last.depth
+            state.leaf_path_tokens = last.path_tokens
+        if state.thin:
+            # The upstream needs the whole history even though the client sent only the new turn.
+            return ChatPayload({**body, "messages": [item.message for item in state.items]})
+        return payload
+
+    async def _identify(
+        self, call: ChatCall, ident: Identity, chain: list[JSONObject], leading: int
+    ) -> _Identified:
+        """The chain's hashes (only where new since the memo's last look) and the stored nodes among
+        them, the newest asked about first."""
         with spanned(call.trace, "identify") as span:
             root = chain_root(call.tenant, ident.conversation_id, ident.user_id)
             key, seen, shared = self._recall(root, chain, leading)
@@ -106,66 +162,59 @@ class IngestStep:
                 # Diverged further back (an old message edited) or a long history seen for the first time.
                 nodes.update((await self.store.lookup(call.tenant, hashes[:tail], None)).nodes)
                 deepest = _deepest(hashes, nodes)
-            conversation_id = lookup.conversation.id if lookup.conversation is not None else None
             span.set({"gateway.messages": len(chain), "gateway.messages.known": deepest + 1})
+        return _Identified(key, seen, shared, hashes, nodes, deepest, lookup.conversation)
 
+    async def _place(
+        self, call: ChatCall, ident: Identity, chain: list[JSONObject], leading: int, found: _Identified
+    ) -> _Placed:
+        """Where the chain's new messages go; the history before them joins `call.state.items`."""
+        hashes, deepest = found.hashes, found.deepest
+        conversation_id = found.conversation.id if found.conversation is not None else None
         # Thin mode: the client named a stored conversation (or a branch point) and sent only new turns.
         # A client that sends assistant turns sends its history: a miss then means an edited first
         # message, a new branch from the root, not a continuation.
         thin_parent = ident.parent_id
-        if thin_parent is None and lookup.conversation is not None and ident.thin_capable:
+        if thin_parent is None and found.conversation is not None and ident.thin_capable:
             sends_history = any(m.get("role") == "assistant" for m in chain)
-            thin_parent = None if sends_history else lookup.conversation.last_message_id
+            thin_parent = None if sends_history else found.conversation.last_message_id
         # A thin client's new message may equal the conversation's first one ("continue", "yes"): a match
         # at the root then still means "after the newest message", unless that message is the root.
         at_root = deepest < 0 or (deepest == 0 and thin_parent != hashes[0])
         if at_root and self.identity.thin_mode and thin_parent is not None:
-            parent = await self._thin(call, state, thin_parent)
-            if parent is not None:
-                hashes = [h.hex() for h in chain_hashes(bytes.fromhex(parent.id), chain, leading)]
-                new, depth, base_tokens = chain, parent.depth + 1, parent.path_tokens
-                # The branch point decides: new messages join the conversation their parent is in.
-                conversation_id = parent.conversation_id
-            else:
-                parent, new, depth, base_tokens = None, chain, 0, 0
-        else:
-            parent = nodes[hashes[deepest]] if deepest >= 0 else None
-            known = deepest + 1
-            if parent is not None:
-                known = await self._cover(call.tenant, hashes, deepest, nodes)
-            # The stored prefix the memo already holds items for is taken as it is (every node above the
-            # deepest stored one is stored); only the rest is looked at message by message.
-            reused = min(shared, deepest + 1)
-            items = list(seen.items[:reused]) if seen is not None else []
-            for index in range(reused, deepest + 1):
-                node = nodes.get(hashes[index])
-                items.append(HistoryItem(chain[index], node.token_count if node else None, hashes[index]))
-            for index in range(min(known, reused), reused):  # counts read now that were unknown then
-                node = nodes.get(hashes[index])
-                if items[index].tokens is None and node is not None:
-                    items[index] = HistoryItem(items[index].message, node.token_count, hashes[index])
-            state.items += items
-            new, depth = chain[deepest + 1 :], deepest + 1
-            base_tokens = parent.path_tokens if parent is not None else 0
-        if parent is not None:
-            state.history_tokens += parent.path_tokens
-            conversation_id = conversation_id or parent.conversation_id
+            parent = await self._thin(call, call.state, thin_parent)
+            if parent is None:
+                return _Placed(None, chain, 0, 0, hashes, conversation_id)
+            hashes = [h.hex() for h in chain_hashes(bytes.fromhex(parent.id), chain, leading)]
+            # The branch point decides: new messages join the conversation their parent is in.
+            return _Placed(
+                parent, chain, parent.depth + 1, parent.path_tokens, hashes, parent.conversation_id
+            )
+        parent = found.nodes[hashes[deepest]] if deepest >= 0 else None
+        call.state.items += await self._stored_items(call.tenant, chain, found, parent)
+        base_tokens = parent.path_tokens if parent is not None else 0
+        return _Placed(parent, chain[deepest + 1 :], deepest + 1, base_tokens, hashes, conversation_id)
 
-        appended = _new_messages(new, hashes[len(hashes) - len(new) :], parent, depth, base_tokens, tokenizer)
-        state.items += [HistoryItem(m.data, m.token_count, m.id) for m in appended]
-        state.history_tokens += sum(m.token_count for m in appended)
-        state.appended = len(appended)
-        await self._store(call, state, ident, conversation_id, appended)
-        if key is not None and self.memo is not None and not state.thin:
-            self.memo.keep(key, Seen(chain, hashes, state.items[len(system) :]))
-        last = appended[-1] if appended else parent
-        if last is not None:
-            state.leaf_id, state.leaf_depth = last.id, last.depth
-            state.leaf_path_tokens = last.path_tokens
-        if state.thin:
-            # The upstream needs the whole history even though the client sent only the new turn.
-            return ChatPayload({**body, "messages": [item.message for item in state.items]})
-        return payload
+    async def _stored_items(
+        self, tenant: str, chain: list[JSONObject], found: _Identified, parent: StoredNode | None
+    ) -> list[HistoryItem]:
+        """The chain's stored prefix as items, with the token counts read for its newest stretch."""
+        hashes, nodes, deepest = found.hashes, found.nodes, found.deepest
+        known = deepest + 1
+        if parent is not None:
+            known = await self._cover(tenant, hashes, deepest, nodes)
+        # The stored prefix the memo already holds items for is taken as it is (every node above the
+        # deepest stored one is stored); only the rest is looked at message by message.
+        reused = min(found.shared, deepest + 1)
+        items = list(found.seen.items[:reused]) if found.seen is not None else []
+        for index in range(reused, deepest + 1):
+            node = nodes.get(hashes[index])
+            items.append(HistoryItem(chain[index], node.token_count if node else None, hashes[index]))
+        for index in range(min(known, reused), reused):  # counts read now that were unknown then
+            node = nodes.get(hashes[index])
+            if items[index].tokens is None and node is not None:
+                items[index] = HistoryItem(items[index].message, node.token_count, hashes[index])
+        return items
 
     async def _thin(self, call: ChatCall, state: CallState, node_id: str) -> StoredNode | None:
         # With a context budget only its newest stretch of the path is read; without one, all of it.
