@@ -27,6 +27,7 @@ from gateway.config import MemoryConfig
 from gateway.errors import EmbeddingError, StoreError
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.records import ACTIVE, USER_SCOPE, Memory, MemoryFilter, MemoryHit, MemoryQuery, Profile
+from gateway.pipeline.call import MemoryScope
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.ports import JSON, Embedder, JSONObject, MessageStore, Similarity
 from gateway.records import Conversation
@@ -60,6 +61,19 @@ class _Found:
     relevant: list[_Ranked] = field(default_factory=list)
     detail: JSONObject = field(default_factory=dict)
     recent: list[Conversation] = field(default_factory=list)  # the user's other, titled conversations
+
+
+# memory id -> (fused score, cosine similarity if ranked by meaning, found by exact terms), best first
+_Fused = dict[str, tuple[float, float | None, bool]]
+
+
+@dataclass(slots=True)
+class _Searched:
+    """The question's search: what passed the relevance gate, and the rows read back for it."""
+
+    fused: _Fused = field(default_factory=dict)
+    rows: dict[str, Memory] = field(default_factory=dict)
+    embedded: bool = False
 
 
 @dataclass(slots=True)
@@ -98,93 +112,78 @@ class MemorySection:
             return _Found(detail={"skipped": "no memory for this call"})
         tenant = build.call.tenant
         question = message_text(build.current[0].message) if build.current else ""
-
         timings: dict[str, JSON] = {}
         errors: list[str] = []
-
-        async def degraded(part: Awaitable[T], empty: T) -> T:
-            """A part that fails (the database or the index is down) leaves its share empty: memory is
-            an addition, and the rest of the build (the window, thin mode's history) must go on."""
-            try:
-                return await part
-            except StoreError as exc:  # SearchIndexError included
-                log.warning("memory section: %s", exc)
-                errors.append(str(exc)[:300])
-                return empty
-
-        async def search() -> tuple[dict[str, tuple[float, float | None, bool]], dict[str, Memory], bool]:
-            if not question.strip():
-                return {}, {}, False
-            started = time.perf_counter()
-            vector = await self._embed(build, question)
-            embedded_at = time.perf_counter()
-            query = MemoryQuery(tenant, scope.user_id, scope.scopes, question, vector, self.config.top_n * 4)
-            result = await self.vectors.search(query)
-            searched_at = time.perf_counter()
-            fused = _fuse(result.semantic, result.keyword)
-            # Only what passes the relevance gate is read back (its status, its text), best first; a few
-            # more than are shown, for those superseded or deleted since they were indexed.
-            gate = self.relevant_similarity
-            fused = {
-                i: hit
-                for i, hit in fused.items()
-                if (hit[1] is not None and hit[1] >= gate)
-                or (hit[2] and (hit[1] is None or hit[1] >= gate - KEYWORD_SLACK))
-            }
-            wanted = list(fused)[: self.config.top_n + STANDING_MAX]
-            rows = {m.id: m for m in await self.memories.many(tenant, wanted)} if wanted else {}
-            timings.update(
-                embed=round((embedded_at - started) * 1000, 3),
-                search=round((searched_at - embedded_at) * 1000, 3),
-                read=round((time.perf_counter() - searched_at) * 1000, 3),
-            )
-            return fused, rows, vector is not None
-
-        async def profile() -> Profile | None:
-            if not self.config.profile:
-                return None
-            found = await self.memories.profile(tenant, scope.user_id)
-            return found if found is not None and found.shown else None
-
-        async def recent() -> list[Conversation]:
-            wanted = self.config.recent_conversations
-            if not wanted or self.conversations is None:
-                return []
-            latest = await self.conversations.list_conversations(
-                tenant, user_id=scope.user_id, limit=wanted + 1
-            )
-            current = build.call.state.conversation_id
-            return [c for c in latest if c.id != current and c.title][:wanted]
-
         # The standing part (SQL reads) while the question is embedded and searched.
         standing_filter = MemoryFilter(scope.user_id, scope.scopes, STANDING_TYPES, limit=STANDING_MAX)
-        nothing: tuple[dict[str, tuple[float, float | None, bool]], dict[str, Memory], bool] = ({}, {}, False)
-        standing, user_profile, (fused, rows, embedded), latest = await asyncio.gather(
-            degraded(self.memories.find(tenant, standing_filter), []),
-            degraded(profile(), None),
-            degraded(search(), nothing),
-            degraded(recent(), []),
+        standing, user_profile, searched, latest = await asyncio.gather(
+            _degraded(self.memories.find(tenant, standing_filter), [], errors),
+            _degraded(self._profile(tenant, scope.user_id), None, errors),
+            _degraded(self._search(build, scope, question, timings), _Searched(), errors),
+            _degraded(self._recent(build, scope.user_id), [], errors),
         )
         if user_profile is not None and user_profile.shown:
             # What the profile already says is not repeated (it covers only the user's own scope).
             standing = [m for m in standing if m.scope != USER_SCOPE or not user_profile.covers(m)]
-        shown = {m.id for m in standing}
-        now = datetime.now(UTC)
-        relevant: list[_Ranked] = []
-        for memory_id, (score, similarity, keyword) in fused.items():
-            memory = rows.get(memory_id)
-            if memory is None or memory.status != ACTIVE or memory.user_id != scope.user_id:
-                continue  # deleted or superseded since it was indexed
-            if memory.scope not in scope.scopes or memory_id in shown:
-                continue
-            age_days = max((now - (memory.event_at or memory.updated_at)).total_seconds() / 86_400, 0.0)
-            score += RECENCY_WEIGHT / (1.0 + age_days / RECENCY_DAYS)
-            relevant.append(_Ranked(memory, score, similarity, keyword))
-        relevant.sort(key=lambda r: r.score, reverse=True)
-        detail: JSONObject = {"searched": len(fused), "embedded": embedded, "timings_ms": timings}
+        relevant = _relevant(searched, scope, {m.id for m in standing})
+        detail: JSONObject = {
+            "searched": len(searched.fused),
+            "embedded": searched.embedded,
+            "timings_ms": timings,
+        }
         if errors:
             detail["errors"] = list[JSON](errors)
         return _Found(standing, user_profile, relevant[: self.config.top_n], detail, latest)
+
+    async def _search(
+        self, build: BuildInput, scope: MemoryScope, question: str, timings: dict[str, JSON]
+    ) -> _Searched:
+        """The memories the question finds by meaning and by exact terms that pass the relevance gate,
+        fused, with their rows; each stage's time goes into `timings`."""
+        if not question.strip():
+            return _Searched()
+        tenant = build.call.tenant
+        started = time.perf_counter()
+        vector = await self._embed(build, question)
+        embedded_at = time.perf_counter()
+        query = MemoryQuery(tenant, scope.user_id, scope.scopes, question, vector, self.config.top_n * 4)
+        result = await self.vectors.search(query)
+        searched_at = time.perf_counter()
+        fused = _fuse(result.semantic, result.keyword)
+        # Only what passes the relevance gate is read back (its status, its text), best first; a few
+        # more than are shown, for those superseded or deleted since they were indexed.
+        gate = self.relevant_similarity
+        fused = {
+            i: hit
+            for i, hit in fused.items()
+            if (hit[1] is not None and hit[1] >= gate)
+            or (hit[2] and (hit[1] is None or hit[1] >= gate - KEYWORD_SLACK))
+        }
+        wanted = list(fused)[: self.config.top_n + STANDING_MAX]
+        rows = {m.id: m for m in await self.memories.many(tenant, wanted)} if wanted else {}
+        timings.update(
+            embed=round((embedded_at - started) * 1000, 3),
+            search=round((searched_at - embedded_at) * 1000, 3),
+            read=round((time.perf_counter() - searched_at) * 1000, 3),
+        )
+        return _Searched(fused, rows, vector is not None)
+
+    async def _profile(self, tenant: str, user_id: str) -> Profile | None:
+        if not self.config.profile:
+            return None
+        found = await self.memories.profile(tenant, user_id)
+        return found if found is not None and found.shown else None
+
+    async def _recent(self, build: BuildInput, user_id: str) -> list[Conversation]:
+        """The user's other titled conversations, newest first, for the digest."""
+        wanted = self.config.recent_conversations
+        if not wanted or self.conversations is None:
+            return []
+        latest = await self.conversations.list_conversations(
+            build.call.tenant, user_id=user_id, limit=wanted + 1
+        )
+        current = build.call.state.conversation_id
+        return [c for c in latest if c.id != current and c.title][:wanted]
 
     async def _embed(self, build: BuildInput, question: str) -> list[float] | None:
         if self.embedder is None:
@@ -309,6 +308,35 @@ PINNED = "memory.pinned"  # ids the stable block shows: the relevant part does n
 RELEVANT_HEADER = "## What the gateway remembers about this user that bears on this question"
 
 
+async def _degraded(part: Awaitable[T], empty: T, errors: list[str]) -> T:
+    """A part that fails (the database or the index is down) leaves its share empty: memory is an
+    addition, and the rest of the build (the window, thin mode's history) must go on."""
+    try:
+        return await part
+    except StoreError as exc:  # SearchIndexError included
+        log.warning("memory section: %s", exc)
+        errors.append(str(exc)[:300])
+        return empty
+
+
+def _relevant(searched: _Searched, scope: MemoryScope, shown: set[str]) -> list[_Ranked]:
+    """The searched memories still active in the call's scopes and not in the standing part, best first,
+    with a little weight for recency."""
+    now = datetime.now(UTC)
+    relevant: list[_Ranked] = []
+    for memory_id, (score, similarity, keyword) in searched.fused.items():
+        memory = searched.rows.get(memory_id)
+        if memory is None or memory.status != ACTIVE or memory.user_id != scope.user_id:
+            continue  # deleted or superseded since it was indexed
+        if memory.scope not in scope.scopes or memory_id in shown:
+            continue
+        age_days = max((now - (memory.event_at or memory.updated_at)).total_seconds() / 86_400, 0.0)
+        score += RECENCY_WEIGHT / (1.0 + age_days / RECENCY_DAYS)
+        relevant.append(_Ranked(memory, score, similarity, keyword))
+    relevant.sort(key=lambda r: r.score, reverse=True)
+    return relevant
+
+
 def _part(found: _Found, part: str, pinned: object) -> _Found:
     """What one part of the section proposes from the build's one search."""
     if part == "standing":
@@ -386,9 +414,9 @@ def _line(memory: Memory) -> str:
     return f"- [{when:%Y-%m-%d}] {memory.content}"
 
 
-def _fuse(semantic: list[MemoryHit], keyword: list[MemoryHit]) -> dict[str, tuple[float, float | None, bool]]:
-    """memory id -> (fused score, cosine similarity if ranked by meaning, found by exact terms)."""
-    out: dict[str, tuple[float, float | None, bool]] = {}
+def _fuse(semantic: list[MemoryHit], keyword: list[MemoryHit]) -> _Fused:
+    """Both rankings fused by reciprocal rank."""
+    out: _Fused = {}
     for rank, hit in enumerate(semantic):
         out[hit.memory_id] = (1.0 / (RRF_K + rank), hit.score, False)
     for rank, hit in enumerate(keyword):
