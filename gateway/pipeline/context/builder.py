@@ -11,27 +11,25 @@ budget starts a new epoch: the window jumps forward in one large step and the st
 then shown again from its pins until the next jump. The newest `min_recent_exchanges` exchanges and the
 current tool loop are kept whatever the budget, while the model's context window holds them. Whole
 exchanges are kept or cut, never text. Every build leaves a ContextReport on the call.
+
+One build, in steps: plan the room (`_plan`), place the window (`_epoch`: the stored epoch's start while
+its window fits, else a new start), fill the volatile tail (`_tail`: the window may give way for this turn
+alone), lay the messages out (`_layout`), write the report (`_report`).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import orjson
 
 from gateway.config import ContextConfig
 from gateway.pipeline.call import ChatCall, HistoryItem
-from gateway.pipeline.context.block import (
-    INJECTED_HEADER,
-    TAIL_HEADER,
-    block_tokens,
-    framing_tokens,
-    injected_block,
-)
+from gateway.pipeline.context.block import TAIL_HEADER, framing_tokens, injected_block
 from gateway.pipeline.context.budget import Budget, compute_budget
+from gateway.pipeline.context.builder_zone import Zone, planned_ask, propose_zone, restore_zone
 from gateway.pipeline.context.epoch import EPOCH_FILL, current_epoch, new_start
 from gateway.pipeline.context.exchanges import split_current, trim_current
 from gateway.pipeline.context.provider_compaction import compacted_at
@@ -45,25 +43,65 @@ from gateway.pipeline.context.report import (
 )
 from gateway.pipeline.context.section import BuildInput, Proposal, Section, StableSection
 from gateway.pipeline.context.window import newest_exchanges_tokens
-from gateway.ports import ChatPayload, EpochStore, JSONObject, ModelCatalog, Tokenizers
-from gateway.tracing import spanned
+from gateway.ports import ChatPayload, EpochStore, JSONObject, ModelCatalog, Tokenizer, Tokenizers
 
 REPLY_PRIMING_TOKENS = 3
 
 
 @dataclass(slots=True)
-class _Zone:
-    """One injected block's sections as proposed (or restored), with their report entries."""
+class _Plan:
+    """The request's parts and the room the budget leaves them."""
 
-    proposals: list[tuple[str, Proposal]] = field(default_factory=list)
-    reported: dict[str, JSONObject] = field(default_factory=dict)
-    tokens: int = 0
-    # Per section, what shows it again for the rest of an epoch (why it showed nothing, if so).
-    pins: dict[str, JSONObject] = field(default_factory=dict)
+    build: BuildInput  # the system prompt(s), the history before the current exchange, the current one
+    budget: Budget
+    original: int  # the request's tokens as the client sent it
+    fixed_extra: int  # the tools and the reply's priming: sent whatever the layout
+    fits: bool  # the history fits the budget as sent
+    stable: list[StableSection]
+    tail: list[Section]
+    trimmed: list[HistoryItem]  # cut from the current tool loop to fit the model's window
+    system_tokens: int
+    current_tokens: int
+    limit: int  # the budget, raised to hold the newest exchanges
+    available: int  # what the limit leaves for the stable block, the window and the tail
+    scale: float  # the sections' allowances scaled to `available`
+    tail_reserve: int  # the tail's scaled allowances and framing
 
-    @property
-    def texts(self) -> list[str]:
-        return [p.text or "" for _, p in self.proposals]
+
+@dataclass(slots=True)
+class _Epoch:
+    """Where the window starts, and the epoch's entry in the report (the same keys, in the same order)."""
+
+    start: int
+    start_id: str | None
+    new: bool
+    ended: str | None = None  # why the stored epoch ended
+    pinned: bool = False  # a new epoch stored for the next turns
+    # This turn only: the window starts later (the tail took its room) and gave up these tokens.
+    borrowed_start: int | None = None
+    borrowed_tokens: int = 0
+
+    def report(self, limit: int) -> JSONObject:
+        out: JSONObject = {} if self.ended is None else {"ended": self.ended}
+        out.update(start_id=self.start_id, new=self.new)
+        if self.pinned:
+            out["pinned"] = True
+        if self.borrowed_start is not None:
+            out["borrowed"] = {"window_start": self.borrowed_start, "tokens": self.borrowed_tokens}
+        out.update(window_start=self.start, limit_tokens=limit)
+        return out
+
+
+@dataclass(slots=True)
+class _Layout:
+    """The messages as sent, with the injected blocks among them."""
+
+    messages: list[HistoryItem]
+    window: list[HistoryItem]  # the window as sent this turn
+    stable_block: JSONObject | None
+    tail_block: JSONObject | None
+    cache_breaks: tuple[int, ...]  # where the Anthropic doors put the gateway's cache breakpoints
+    sent_tokens: int
 
 
 @dataclass(slots=True)
@@ -108,6 +146,31 @@ class ContextBuilder:
         if fits and not stable and not tail:
             return self._unchanged(call, payload, budget, original)
 
+        plan = self._plan(call, tokenizer, budget, original, fixed_extra, stable, tail)
+        zone, epoch = await self._epoch(plan)
+        tail_zone, window, cut_end = await self._tail(plan, zone, epoch)
+        if fits and not zone.proposals and not tail_zone.proposals:
+            return self._unchanged(call, payload, budget, original, zone.reported | tail_zone.reported)
+        layout = _layout(plan, zone, tail_zone, window, borrowed=epoch.borrowed_start is not None)
+        state.cache_breaks = layout.cache_breaks
+        state.summary_path_tokens = max(_covered_tokens(zone.proposals), _summarised_tokens(zone.reported))
+        state.sent_tokens = layout.sent_tokens
+        state.report = _report(plan, epoch, zone, tail_zone, layout, cut_end)
+        state.sent_context = kept_context(layout.stable_block, layout.tail_block)
+        return ChatPayload({**body, "messages": [item.message for item in layout.messages]})
+
+    def _plan(
+        self,
+        call: ChatCall,
+        tokenizer: Tokenizer,
+        budget: Budget,
+        original: int,
+        fixed_extra: int,
+        stable: list[StableSection],
+        tail: list[Section],
+    ) -> _Plan:
+        """The request split into system prompt, history and current exchange, and the room they leave."""
+        state = call.state
         leading = leading_system(state.items)
         for item in state.items[:leading]:
             if item.tokens is None:  # a stored system prompt whose count was not read: it is sent
@@ -125,172 +188,118 @@ class ContextBuilder:
         pinned = newest_exchanges_tokens(history, self.config.min_recent_exchanges)
         limit = max(limit, min(system_tokens + fixed_extra + current_tokens + pinned, ceiling))
         available = max(limit - system_tokens - current_tokens - fixed_extra, 0)
-        build = BuildInput(call, tokenizer, system, history, current)
         allowances = self.config.recent_tokens + sum(s.allowance for s in (*stable, *tail))
         scale = min(1.0, available / max(allowances, 1))
         tail_reserve = int(sum(s.allowance for s in tail) * scale) + framing_tokens(
             tokenizer, len(tail), TAIL_HEADER
         )
+        return _Plan(
+            BuildInput(call, tokenizer, system, history, current),
+            budget,
+            original,
+            fixed_extra,
+            original <= budget.input_tokens,
+            stable,
+            tail,
+            trimmed,
+            system_tokens,
+            current_tokens,
+            limit,
+            available,
+            scale,
+            tail_reserve,
+        )
 
-        # The epoch: the deepest stored one on the path while it still fits, else a new one.
-        path = [*history, *current]
-        stored = await self._stored_epochs(call)
+    async def _epoch(self, plan: _Plan) -> tuple[Zone, _Epoch]:
+        """The window's start and the stable block: the deepest stored epoch on the path while its window
+        still fits (its block restored from its pins), else a new epoch (its block proposed, then pinned)."""
+        build, history = plan.build, plan.build.history
+        path = [*history, *build.current]
+        stored = await self._stored_epochs(build.call)
         # A history that fits keeps the epoch of its first message (a budget raised, a branch cut short).
-        found = current_epoch(path[:1] if fits else path, stored)
-        zone = _Zone()
-        start: int | None = None
-        epoch: JSONObject = {}
+        found = current_epoch(path[:1] if plan.fits else path, stored)
+        ended = None
         if found is not None and found[0] <= len(history):
             at, pins = found
             window_tokens = _tokens_or_none(history[at:])
-            zone = await self._restore(
-                replace(build, history=history[:at], window=history[at:]), stable, pins
+            zone = await restore_zone(
+                replace(build, history=history[:at], window=history[at:]), plan.stable, pins
             )
             # The tail's room is kept whatever the window has grown to: half of what the stable block
             # leaves at most, as when the epoch began.
-            reserve = _reserve(tail_reserve, available - zone.tokens) if at else 0
-            if window_tokens is not None and zone.tokens + window_tokens + reserve <= available:
-                start = at
-                epoch = {"start_id": path[at].node_id, "new": False}
-            else:
-                epoch = {"ended": "the window outgrew the budget"}
-        if start is None:
-            stable_room = int(sum(s.allowance for s in stable) * scale) + framing_tokens(
-                tokenizer, len(stable)
-            )
-            if fits:
-                start = 0
-            else:
-                left = available - stable_room
-                room = max(left - _reserve(tail_reserve, left), 0)
-                start = new_start(history, int(room * EPOCH_FILL), self.config.min_recent_exchanges)
-            window_tokens = known_tokens(history[start:])
-            # The stable block before the tail (the summary outranks retrieved history), the tail's
-            # reserve never more than half of what the window leaves.
-            left = available - window_tokens
-            zone = await self._propose(
-                replace(build, history=history[:start], window=history[start:]),
-                stable,
-                max(left - (_reserve(tail_reserve, left) if start else 0), 0),
-                scale,
-            )
-            epoch = {**epoch, "start_id": path[start].node_id if start < len(path) else None, "new": True}
-            await self._pin(call, path, start, zone, epoch)
-        sent_start = start
-        window = history[start:]
-        window_tokens = known_tokens(window)
+            reserve = _reserve(plan.tail_reserve, plan.available - zone.tokens) if at else 0
+            if window_tokens is not None and zone.tokens + window_tokens + reserve <= plan.available:
+                return zone, _Epoch(at, path[at].node_id, new=False)
+            ended = "the window outgrew the budget"
+        start = self._new_start(plan)
+        # The stable block before the tail (the summary outranks retrieved history), the tail's reserve
+        # never more than half of what the window leaves.
+        left = plan.available - known_tokens(history[start:])
+        zone = await propose_zone(
+            replace(build, history=history[:start], window=history[start:]),
+            plan.stable,
+            max(left - (_reserve(plan.tail_reserve, left) if start else 0), 0),
+            plan.scale,
+        )
+        epoch = _Epoch(start, path[start].node_id if start < len(path) else None, new=True, ended=ended)
+        epoch.pinned = await self._pin(build.call, path, start, zone)
+        return zone, epoch
 
-        # The volatile tail: what this question needs from before the window, in what the rest leaves.
-        above = [*zone.texts]
-        tail_build = replace(build, window=window, above=above)
-        planned = [await _planned(section, tail_build) for section in tail]
-        need = sum(int(w * scale) for w, _ in planned) + framing_tokens(tokenizer, len(tail), TAIL_HEADER)
-        if zone.tokens + window_tokens + need > available and any(
-            w > s.allowance for (w, _), s in zip(planned, tail, strict=True)
+    def _new_start(self, plan: _Plan) -> int:
+        """A new epoch's first message: the history's first when it fits, else where the window fills
+        EPOCH_FILL of what the stable block and the tail's reserve leave."""
+        if plan.fits:
+            return 0
+        stable_room = int(sum(s.allowance for s in plan.stable) * plan.scale) + framing_tokens(
+            plan.build.tokenizer, len(plan.stable)
+        )
+        left = plan.available - stable_room
+        room = max(left - _reserve(plan.tail_reserve, left), 0)
+        return new_start(plan.build.history, int(room * EPOCH_FILL), self.config.min_recent_exchanges)
+
+    async def _tail(self, plan: _Plan, zone: Zone, epoch: _Epoch) -> tuple[Zone, list[HistoryItem], int]:
+        """The volatile tail: what this question needs from before the window, in what the rest leaves;
+        the window as sent this turn; where the report's cut stretch ends."""
+        build, history = plan.build, plan.build.history
+        window = history[epoch.start :]
+        cut_end = epoch.start
+        window_tokens = known_tokens(window)
+        tail_build = replace(build, window=window, above=[*zone.texts])
+        planned = [await planned_ask(section, tail_build) for section in plan.tail]
+        need = sum(int(w * plan.scale) for w, _ in planned) + framing_tokens(
+            build.tokenizer, len(plan.tail), TAIL_HEADER
+        )
+        if zone.tokens + window_tokens + need > plan.available and any(
+            w > s.allowance for (w, _), s in zip(planned, plan.tail, strict=True)
         ):
-            # A question about the past may take the window's room for this turn: the window gives way
-            # down to its newest exchanges; the epoch, and so the next turn's prefix, stays as it was.
-            # Only where the history it gains outweighs the window it re-sends uncached (a small budget;
-            # under a large one the tail's reserve holds enough: benchmarks/cache.py, locomo.py).
-            sent_start = max(
-                start,
-                new_start(history, max(available - zone.tokens - need, 0), self.config.min_recent_exchanges),
-            )
-            kept = known_tokens(history[sent_start:])
-            gained = min(need, available - zone.tokens - kept) - (available - zone.tokens - window_tokens)
-            if sent_start > start and gained >= kept:
-                epoch["borrowed"] = {
-                    "window_start": sent_start,
-                    "tokens": known_tokens(history[start:sent_start]),
-                }
-                window = history[sent_start:]
+            # The report's cut stretch ends at the start tried, even when the window keeps its room.
+            cut_end, pays = self._borrow(plan, zone.tokens, epoch.start, need)
+            if pays:
+                epoch.borrowed_start = cut_end
+                epoch.borrowed_tokens = known_tokens(history[epoch.start : cut_end])
+                window = history[cut_end:]
                 window_tokens = known_tokens(window)
                 tail_build = replace(tail_build, window=window)
                 # Planned again over the smaller window: what it gave up is old history now, to search.
-                again = [await _planned(section, tail_build) for section in tail]
+                again = [await planned_ask(section, tail_build) for section in plan.tail]
                 planned = [(want, a + b) for (_, a), (want, b) in zip(planned, again, strict=True)]
-        room = available - zone.tokens - window_tokens
-        tail_zone = await self._propose(tail_build, tail, max(room, 0), scale, TAIL_HEADER, planned)
-        if fits and not zone.proposals and not tail_zone.proposals:
-            return self._unchanged(call, payload, budget, original, zone.reported | tail_zone.reported)
+        room = plan.available - zone.tokens - window_tokens
+        tail_zone = await propose_zone(tail_build, plan.tail, max(room, 0), plan.scale, TAIL_HEADER, planned)
+        return tail_zone, window, cut_end
 
-        stable_block = injected_block(zone.texts)
-        tail_block = injected_block(tail_zone.texts, TAIL_HEADER)
-        messages: list[HistoryItem] = list(system)
-        if stable_block is not None:
-            messages.append(HistoryItem(stable_block, zone.tokens))
-        prefix_end = len(messages) - 1
-        messages += window
-        window_end = len(messages) - 1
-        if tail_block is not None:
-            messages.append(HistoryItem(tail_block, tail_zone.tokens))
-        messages += current
-        breaks = [i for i in (prefix_end, window_end) if i >= 0 and (i > prefix_end or stable_block)]
-        if "borrowed" in epoch:
-            # This turn's window is not the next turn's: a breakpoint after it would write a cache entry
-            # nothing reads; one after the system prompt and stable block reads what the epoch cached.
-            breaks = [prefix_end] if prefix_end >= 0 else []
-        state.cache_breaks = tuple(sorted(set(breaks)))
-
-        sent = known_tokens(messages) + fixed_extra
-        covered = _covered_tokens(zone.proposals)
-        state.summary_path_tokens = max(covered, _summarised_tokens(zone.reported))
-        shown = {i for _, p in tail_zone.proposals for i in p.verbatim_ids}
-        summarised = _index_after(history, [p.covers_through for _, p in zone.proposals if p.covers_through])
-        cut = [item for item in history[summarised:sent_start] if item.node_id not in shown]
-        retrieved_tokens = known_tokens([i for i in history if i.node_id in shown])
-        history_tokens = state.history_tokens - system_tokens - current_tokens - covered
-        sections: dict[str, JSONObject] = {
-            "system": {"tokens": system_tokens, "messages": len(system)},
-            **zone.reported,
-            **tail_zone.reported,
-            "window": {
-                "tokens": window_tokens,
-                "exchanges": sum(1 for item in window if item.message.get("role") == "user"),
-                "message_ids": [item.node_id for item in window if item.node_id is not None],
-            },
-            "current": {
-                "tokens": current_tokens,
-                "trimmed_messages": len(trimmed),
-                "trimmed_tokens": known_tokens(trimmed),
-                "message_ids": [i.node_id for i in current if i.node_id is not None],
-            },
-        }
-        state.sent_tokens = sent
-        state.report = report_of(
-            budget, original, sent, unchanged=False, sections=sections,
-            cut=cut_range(cut, max(history_tokens - window_tokens - retrieved_tokens, 0)),
-        )  # fmt: skip
-        state.report["epoch"] = {**epoch, "window_start": start, "limit_tokens": limit}
-        # What the previous turn sent too: all but the window's newest exchange (its answer is new).
-        epoch_window = history[start:]  # what the previous turn sent, even when the tail borrowed from it
-        prefix = (
-            fixed_extra
-            + system_tokens
-            + zone.tokens
-            + known_tokens(epoch_window)
-            - newest_exchanges_tokens(epoch_window, 1)
+    def _borrow(self, plan: _Plan, stable_tokens: int, start: int, need: int) -> tuple[int, bool]:
+        """Where this turn's window would start if a question about the past took its room (down to its
+        newest exchanges; the epoch, and so the next turn's prefix, stays as it was), and whether that
+        pays: only where the history the tail gains outweighs the window it re-sends uncached."""
+        history, available = plan.build.history, plan.available
+        window_tokens = known_tokens(history[start:])
+        sent_start = max(
+            start,
+            new_start(history, max(available - stable_tokens - need, 0), self.config.min_recent_exchanges),
         )
-        state.report["cache_prefix_tokens"] = prefix if _seen_before(state.items, state.appended) else 0
-        if fits and start == 0:
-            state.report["history_unchanged"] = True
-        blocks = {id(stable_block), id(tail_block)}
-        state.report["sent"] = {
-            # A message the store does not hold (the system prompt, outside the chain) goes in whole.
-            "ids": [
-                item.node_id if item.node_id is not None else {"message": item.message}
-                for item in messages
-                if id(item.message) not in blocks
-            ],
-            "context_at": len(system) if stable_block is not None else None,
-            "tail_at": len(system) + (stable_block is not None) + len(window)
-            if tail_block is not None
-            else None,
-            # Where the Anthropic doors put the gateway's cache breakpoints (indices into the messages).
-            "cache_breaks": list(state.cache_breaks),
-        }
-        state.sent_context = kept_context(stable_block, tail_block)
-        return ChatPayload({**body, "messages": [item.message for item in messages]})
+        kept = known_tokens(history[sent_start:])
+        gained = min(need, available - stable_tokens - kept) - (available - stable_tokens - window_tokens)
+        return sent_start, sent_start > start and gained >= kept
 
     def _unchanged(
         self,
@@ -318,106 +327,118 @@ class ContextBuilder:
             return []
         return await self.epochs.epochs(call.tenant, conversation)
 
-    async def _pin(
-        self, call: ChatCall, path: list[HistoryItem], start: int, zone: _Zone, epoch: JSONObject
-    ) -> None:
-        """Store a new epoch so the next turns (on any replica) show the same stable block."""
+    async def _pin(self, call: ChatCall, path: list[HistoryItem], start: int, zone: Zone) -> bool:
+        """Store a new epoch so the next turns (on any replica) show the same stable block; whether it
+        was stored."""
         state = call.state
         if self.epochs is None or state.conversation_id is None or start >= len(path):
-            return
+            return False
         node_id = path[start].node_id
         if node_id is None or (start == 0 and not zone.proposals):
-            return  # nothing to pin: a history sent as it came
+            return False  # nothing to pin: a history sent as it came
         pins: JSONObject = {**zone.pins}
         depth = state.leaf_depth - (len(path) - 1 - start)
         await self.epochs.pin_epoch(call.tenant, state.conversation_id, node_id, depth, {"sections": pins})
-        epoch["pinned"] = True
-
-    async def _restore(self, build: BuildInput, sections: Sequence[StableSection], pins: JSONObject) -> _Zone:
-        """The stable block as the epoch pinned it."""
-        zone = _Zone()
-        by_name = pins.get("sections")
-        pinned = by_name if isinstance(by_name, dict) else {}
-        for section in sections:
-            pin = pinned.get(section.name)
-            if not isinstance(pin, dict):
-                continue
-            started = time.perf_counter()
-            with spanned(build.call.trace, f"build.{section.name}"):
-                proposal = await section.restore(build, pin)
-            zone.reported[section.name] = {
-                "tokens": proposal.tokens if proposal.text else 0,
-                **proposal.detail,
-                "pinned": True,
-                "ms": round((time.perf_counter() - started) * 1000, 3),
-            }
-            if proposal.text:
-                zone.proposals.append((section.name, proposal))
-        zone.tokens = block_tokens([p for _, p in zone.proposals], build.tokenizer)
-        return zone
-
-    async def _propose(
-        self,
-        build: BuildInput,
-        sections: Sequence[Section],
-        room: int,
-        scale: float = 1.0,
-        header: str = INJECTED_HEADER,
-        planned: Sequence[tuple[int, float]] | None = None,
-    ) -> _Zone:
-        """Each section in priority order, within its scaled ask (from `planned`: each section's ask and
-        the seconds its plan took, when already planned) plus what higher sections left, the whole block
-        (framing included) within `room`."""
-        zone = _Zone()
-        if not sections:
-            return zone
-        spare = max(room - framing_tokens(build.tokenizer, len(sections), header), 0)
-        carry = 0
-        for position, section in enumerate(sections):
-            if planned is not None:
-                want, took = planned[position]
-                started = time.perf_counter() - took
-            else:
-                started = time.perf_counter()
-                want = await section.plan(build)
-            # Its own scaled share (a `whole` section: its whole ask, up to half of what is spare) plus
-            # what higher sections left.
-            share = int(want * scale)
-            if section.whole:
-                share = max(share, min(want, spare // 2))
-            allowance = max(min(share + carry, spare), 0)
-            with spanned(build.call.trace, f"build.{section.name}") as span:
-                proposal = await section.propose(build, allowance)  # with none, it says why
-                used = proposal.tokens if proposal.text and proposal.tokens <= allowance else 0
-                span.set({"gateway.section.allowance": allowance, "gateway.section.tokens": used})
-            zone.reported[section.name] = {
-                "tokens": used,
-                "asked": want,
-                "allowance": allowance,
-                **proposal.detail,
-                "ms": round((time.perf_counter() - started) * 1000, 3),
-            }
-            if used:
-                zone.proposals.append((section.name, proposal))
-                build.above.append(proposal.text or "")  # lower sections can avoid repeating it
-            skipped = proposal.detail.get("skipped")
-            pin = proposal.pin if used and proposal.pin is not None else {}
-            zone.pins[section.name] = {"skipped": skipped, **pin} if isinstance(skipped, str) else pin
-            carry, spare = allowance - used, spare - used
-        proposals = [p for _, p in zone.proposals]
-        zone.tokens = block_tokens(proposals, build.tokenizer, header)
-        if zone.tokens > room:  # the framing does not fit a tiny budget: drop the block
-            for detail in zone.reported.values():
-                detail.update(tokens=0, dropped="no room for the injected block")
-            return _Zone(reported=zone.reported)
-        return zone
+        return True
 
 
-async def _planned(section: Section, build: BuildInput) -> tuple[int, float]:
-    """A section's ask for this build, and the seconds its plan took (reported as its own time)."""
-    started = time.perf_counter()
-    want = await section.plan(build)
-    return want, time.perf_counter() - started
+def _layout(
+    plan: _Plan, zone: Zone, tail_zone: Zone, window: list[HistoryItem], *, borrowed: bool
+) -> _Layout:
+    """System prompt(s), stable block, window, volatile tail, current exchange; and the cache breakpoints
+    after the stable block and after the window."""
+    stable_block = injected_block(zone.texts)
+    tail_block = injected_block(tail_zone.texts, TAIL_HEADER)
+    messages: list[HistoryItem] = list(plan.build.system)
+    if stable_block is not None:
+        messages.append(HistoryItem(stable_block, zone.tokens))
+    prefix_end = len(messages) - 1
+    messages += window
+    window_end = len(messages) - 1
+    if tail_block is not None:
+        messages.append(HistoryItem(tail_block, tail_zone.tokens))
+    messages += plan.build.current
+    breaks = [i for i in (prefix_end, window_end) if i >= 0 and (i > prefix_end or stable_block)]
+    if borrowed:
+        # This turn's window is not the next turn's: a breakpoint after it would write a cache entry
+        # nothing reads; one after the system prompt and stable block reads what the epoch cached.
+        breaks = [prefix_end] if prefix_end >= 0 else []
+    sent_tokens = known_tokens(messages) + plan.fixed_extra
+    return _Layout(messages, window, stable_block, tail_block, tuple(sorted(set(breaks))), sent_tokens)
+
+
+def _report(
+    plan: _Plan, epoch: _Epoch, zone: Zone, tail_zone: Zone, layout: _Layout, cut_end: int
+) -> JSONObject:
+    """The ContextReport of a build that changed the request."""
+    state = plan.build.call.state
+    history, window = plan.build.history, layout.window
+    window_tokens = known_tokens(window)
+    covered = _covered_tokens(zone.proposals)
+    shown = {i for _, p in tail_zone.proposals for i in p.verbatim_ids}
+    summarised = _index_after(history, [p.covers_through for _, p in zone.proposals if p.covers_through])
+    cut = [item for item in history[summarised:cut_end] if item.node_id not in shown]
+    retrieved_tokens = known_tokens([i for i in history if i.node_id in shown])
+    history_tokens = state.history_tokens - plan.system_tokens - plan.current_tokens - covered
+    report = report_of(
+        plan.budget, plan.original, layout.sent_tokens, unchanged=False,
+        sections=_sections(plan, zone, tail_zone, window),
+        cut=cut_range(cut, max(history_tokens - window_tokens - retrieved_tokens, 0)),
+    )  # fmt: skip
+    report["epoch"] = epoch.report(plan.limit)
+    # What the previous turn sent too: all but the window's newest exchange (its answer is new).
+    epoch_window = history[epoch.start :]  # what the previous turn sent, even when the tail borrowed from it
+    prefix = (
+        plan.fixed_extra
+        + plan.system_tokens
+        + zone.tokens
+        + known_tokens(epoch_window)
+        - newest_exchanges_tokens(epoch_window, 1)
+    )
+    report["cache_prefix_tokens"] = prefix if _seen_before(state.items, state.appended) else 0
+    if plan.fits and epoch.start == 0:
+        report["history_unchanged"] = True
+    report["sent"] = _sent(plan, layout)
+    return report
+
+
+def _sections(plan: _Plan, zone: Zone, tail_zone: Zone, window: list[HistoryItem]) -> dict[str, JSONObject]:
+    current = plan.build.current
+    return {
+        "system": {"tokens": plan.system_tokens, "messages": len(plan.build.system)},
+        **zone.reported,
+        **tail_zone.reported,
+        "window": {
+            "tokens": known_tokens(window),
+            "exchanges": sum(1 for item in window if item.message.get("role") == "user"),
+            "message_ids": [item.node_id for item in window if item.node_id is not None],
+        },
+        "current": {
+            "tokens": plan.current_tokens,
+            "trimmed_messages": len(plan.trimmed),
+            "trimmed_tokens": known_tokens(plan.trimmed),
+            "message_ids": [i.node_id for i in current if i.node_id is not None],
+        },
+    }
+
+
+def _sent(plan: _Plan, layout: _Layout) -> JSONObject:
+    """The layout as sent: the stored ids in order, where the injected blocks went."""
+    system = plan.build.system
+    blocks = {id(layout.stable_block), id(layout.tail_block)}
+    return {
+        # A message the store does not hold (the system prompt, outside the chain) goes in whole.
+        "ids": [
+            item.node_id if item.node_id is not None else {"message": item.message}
+            for item in layout.messages
+            if id(item.message) not in blocks
+        ],
+        "context_at": len(system) if layout.stable_block is not None else None,
+        "tail_at": len(system) + (layout.stable_block is not None) + len(layout.window)
+        if layout.tail_block is not None
+        else None,
+        "cache_breaks": list(layout.cache_breaks),
+    }
 
 
 def _reserve(tail_reserve: int, left: int) -> int:
@@ -451,7 +472,6 @@ def _covered_tokens(injected: list[tuple[str, Proposal]]) -> int:
 
 def _summarised_tokens(reported: dict[str, JSONObject]) -> int:
     """Tokens of the path that the newest stored summary on it covers, whether it was sent or not (one
-    over its allowance is not sent, yet a compaction finds nothing new to fold until the path grows past
-    it: judged by what was sent, most answers queued a compaction job that found nothing to fold)."""
+    over its allowance is not sent, yet a compaction would find nothing new to fold)."""
     covered = [d.get(k) for d in reported.values() for k in ("covers_tokens", "newest_covers_tokens")]
     return max((c for c in covered if isinstance(c, int) and not isinstance(c, bool)), default=0)
