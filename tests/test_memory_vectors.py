@@ -394,7 +394,7 @@ def test_compaction_keeps_fragments_few(tmp_path: Path) -> None:
         vectors = LanceMemoryVectors.open(str(tmp_path / "lancedb"), "memories_test", DIMS)
         for i in range(45):
             await vectors.upsert([row(f"m{i}", f"note {i}", vector=unit(1, 0, 0, 0))])
-        table = await vectors._open()
+        table = await vectors.table()
         stats: Any = await table.stats()
         # Compacted at the 20th and 40th writes (45 fragments without it).
         assert int(stats["fragment_stats"]["num_fragments"]) <= 10
@@ -426,7 +426,7 @@ def test_lance_indexes_deferred_on_an_empty_table_are_made_by_the_first_upsert(t
         lancedb.connect(uri).create_table("memories_test", schema=schema(DIMS))  # no indexes
         vectors = LanceMemoryVectors(uri, "memories_test", DIMS, indexes_ready=False)
         await vectors.upsert(FACTS)
-        table = await vectors._open()
+        table = await vectors.table()
         indexed = {column for index in await table.list_indices() for column in index.columns}
         assert indexed == {"id", "tenant", "user_id", "text"}
         assert ids((await vectors.search(query("E1234"))).keyword) == ["m-err"]

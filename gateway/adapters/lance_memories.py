@@ -1,51 +1,30 @@
 """MemoryVectors over LanceDB: the memory writer upserts active memories, recall searches them.
 
-One table per embedding model, beside the message index and built the same way (`lance_index`): the
-asyncio API, `lancedb.expr` filters (ids holding quotes or backslashes can neither break a filter nor
-widen it), CJK runs indexed as bigrams, the same full-text configuration and query objects. Memory
-tables are small (hundreds of rows per user), so there is no vector cache and no compaction scheduling
-beyond compacting every few writes.
+One table per embedding model, beside the message index and built the same way (`lance_table`,
+`lance_fulltext`): the asyncio API, `lancedb.expr` filters (ids holding quotes or backslashes can neither
+break a filter nor widen it), CJK runs indexed as bigrams, the same full-text configuration and query
+objects. Memory tables are small (hundreds of rows per user), so there is no vector cache and no
+compaction throttle: a compaction every few writes.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, timedelta
-from typing import TypeVar
 
 import anyio
 import anyio.to_thread
-import numpy as np
 import pyarrow as pa
 from lancedb.expr import Expr, col, lit
-from lancedb.index import FTS, Bitmap, BTree, IndexConfig
+from lancedb.index import FTS, Bitmap, BTree
 from lancedb.table import AsyncTable
 
-from gateway.adapters.lance_index import (
-    _KEEP_VERSIONS,
-    FTS_CONFIG,
-    _sql_string,
-    _vector_array,
-    keyword_query,
-    table_name,
-)
-from gateway.adapters.lance_table import (
-    LanceHandle,
-    WriteLock,
-    matching,
-    missing_indexes,
-    nearest,
-    open_table,
-)
+from gateway.adapters.lance_compaction import Policy
+from gateway.adapters.lance_fulltext import FTS_CONFIG, keyword_query
+from gateway.adapters.lance_table import LanceAdapter, open_table, query_vector, table_name, vector_array
 from gateway.adapters.vector_cache import from_micros
-from gateway.errors import SearchIndexError
 from gateway.memory.records import MemoryHit, MemoryQuery, MemoryRow, MemorySearchResult
 from gateway.text import cjk_bigrams
-
-log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # Each write is a fragment of its own until compacted, and searches pay for each one; memory writes are
 # small and frequent (a few rows per extraction), so compact after this many of them.
@@ -80,10 +59,6 @@ def _index_configs() -> dict[str, BTree | Bitmap | FTS]:
     return {"id": BTree(), "tenant": Bitmap(), "user_id": BTree(), "text": FTS_CONFIG}
 
 
-def _missing_indexes(existing: Iterable[IndexConfig]) -> dict[str, BTree | Bitmap | FTS]:
-    return missing_indexes(existing, _index_configs())
-
-
 def _rows_table(rows: Sequence[MemoryRow], target: pa.Schema, dimensions: int) -> pa.Table:
     unique = list({(r.id, r.tenant): r for r in rows}.values())  # a merge source must not repeat a key
     return pa.table(
@@ -93,13 +68,13 @@ def _rows_table(rows: Sequence[MemoryRow], target: pa.Schema, dimensions: int) -
             "user_id": [r.user_id for r in unique],
             "scope": [r.scope for r in unique],
             "type": [r.type for r in unique],
-            # CJK runs as bigrams, as `keyword_query` spells the question (see lance_index).
+            # CJK runs as bigrams, as `keyword_query` spells the question (see lance_fulltext).
             "text": [cjk_bigrams(r.text) for r in unique],
             # Naive datetimes are taken as UTC, as the store writes them.
             "created_at": [
                 r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC) for r in unique
             ],
-            "vector": _vector_array([r.vector for r in unique], dimensions),
+            "vector": vector_array([r.vector for r in unique], dimensions),
         },
         schema=target,
     )
@@ -124,7 +99,7 @@ def _hits(result: pa.Table, score: Callable[[float], float], column: str) -> lis
     return hits
 
 
-class LanceMemoryVectors:
+class LanceMemoryVectors(LanceAdapter):
     """Memories' texts and vectors in one LanceDB table. Build with `LanceMemoryVectors.open`."""
 
     def __init__(
@@ -138,18 +113,17 @@ class LanceMemoryVectors:
         indexes_ready: bool = True,
         optimize_every_writes: int = OPTIMIZE_EVERY_WRITES,
     ) -> None:
-        self.uri = uri
-        self.name = name
-        self.dimensions = dimensions
-        self._storage_options = storage_options
-        self._consistency = consistency
-        self._schema = schema(dimensions)
-        self._handle = LanceHandle(uri, name, storage_options=storage_options, consistency=consistency)
-        self._indexes_ready = indexes_ready
-        self._optimize_every_writes = optimize_every_writes
-        self._writes = 0
-        self._optimizing = False
-        self._writing = WriteLock(uri, name)  # upserts and compactions, one at a time
+        super().__init__(
+            uri,
+            name,
+            dimensions,
+            schema(dimensions),
+            _index_configs(),
+            Policy("memory index", optimize_every_writes),
+            storage_options=storage_options,
+            consistency=consistency,
+            indexes_ready=indexes_ready,
+        )
 
     @classmethod
     def open(
@@ -179,12 +153,6 @@ class LanceMemoryVectors:
             optimize_every_writes=optimize_every_writes,
         )
 
-    async def _open(self) -> AsyncTable:
-        return await self._handle.table()
-
-    async def _engine(self, action: str, operation: Callable[[AsyncTable], Awaitable[T]]) -> T:
-        return await self._handle.run(action, operation)
-
     # -- writes (the memory writer) -------------------------------------------------------------------
 
     async def upsert(self, rows: Sequence[MemoryRow]) -> None:
@@ -200,53 +168,23 @@ class LanceMemoryVectors:
                 .when_not_matched_insert_all()
                 .execute(data, on_bad_vectors="null")
             )
-            if not self._indexes_ready:
-                for column, config in _missing_indexes(await table.list_indices()).items():
-                    await table.create_index(column, config=config)
-                self._indexes_ready = True
+            await self._index_once(table)
 
         async with self._writing:
             await self._engine("upsert", merge)
-        await self._wrote()
+        await self._compaction.wrote()
 
     async def delete(self, tenant: str, memory_ids: Sequence[str]) -> None:
         if not memory_ids:
             return
         where = (col("tenant") == lit(tenant)) & col("id").isin([lit(i) for i in dict.fromkeys(memory_ids)])
         await self._engine("delete", lambda table: table.delete(where))
-        await self._wrote()
+        await self._compaction.wrote()
 
     async def delete_user(self, tenant: str, user_id: str) -> None:
         where = (col("tenant") == lit(tenant)) & (col("user_id") == lit(user_id))
         await self._engine("delete_user", lambda table: table.delete(where))
-        await self._wrote()
-
-    async def _wrote(self) -> None:
-        """Count a write; compact once enough have piled up, in the writer's own call (never a search's)."""
-        self._writes += 1
-        if self._writes < self._optimize_every_writes or self._optimizing:
-            return
-        try:
-            await self.optimize()
-        except SearchIndexError as exc:
-            # The write itself succeeded: failing it would only make the writer redo it. A later write
-            # tries again (e.g. after a commit conflict with another replica compacting).
-            log.warning("memory index %s: compaction failed, retried later: %s", self.name, exc)
-
-    async def optimize(self) -> None:
-        """Merge small fragments, add new rows to the indexes, drop versions older than a minute."""
-        if self._optimizing:
-            return
-        self._optimizing = True
-        try:
-            # Upserts wait (see LanceIndex.optimize: a concurrent update preempts a compaction).
-            async with self._writing:
-                await self._engine(
-                    "optimize", lambda table: table.optimize(cleanup_older_than=_KEEP_VERSIONS)
-                )
-        finally:
-            self._optimizing = False
-            self._writes = 0
+        await self._compaction.wrote()
 
     # -- reads (recall, on the request path) ----------------------------------------------------------
 
@@ -254,35 +192,11 @@ class LanceMemoryVectors:
         if query.limit <= 0 or not query.scopes:
             return MemorySearchResult()
         where = _filter(query)
-        vector = None
-        if query.vector is not None:
-            if len(query.vector) != self.dimensions:
-                raise SearchIndexError(
-                    f"query vector of {len(query.vector)} dimensions for an index of {self.dimensions}"
-                )
-            vector = np.asarray(query.vector, dtype=np.float32)
+        vector = query_vector(query.vector, self.dimensions)
         text = keyword_query(query.text)
-
-        async def semantic(table: AsyncTable) -> list[MemoryHit]:
-            if vector is None:
-                return []
-            result = await nearest(table, vector, where, query.limit, _HIT_COLUMNS)
-            return _hits(result, lambda distance: 1.0 - distance, "_distance")
-
-        async def keyword(table: AsyncTable) -> list[MemoryHit]:
-            if text is None:
-                return []
-            result = await matching(table, text, where, query.limit, _HIT_COLUMNS)
-            return _hits(result, float, "_score")
-
-        return MemorySearchResult(*await self._handle.both(semantic, keyword))
+        return MemorySearchResult(
+            *await self._rankings(where, vector, text, query.limit, _HIT_COLUMNS, _hits)
+        )
 
     async def count(self, tenant: str, user_id: str | None = None) -> int:
-        # count_rows takes SQL text only, so the ids are quoted here (`_sql_string`), not built as `expr`.
-        where = f"tenant = '{_sql_string(tenant)}'"
-        if user_id is not None:
-            where += f" AND user_id = '{_sql_string(user_id)}'"
-        return await self._engine("count", lambda table: table.count_rows(where))
-
-    async def aclose(self) -> None:
-        self._handle.close()
+        return await self._count(tenant, user_id)

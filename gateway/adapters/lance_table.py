@@ -1,15 +1,18 @@
 """What the LanceDB adapters (message index, memory vectors) share: a table opened at start-up with its
-indexes, the asyncio handle opened in the running loop, and the engine's errors translated at this edge."""
+indexes, the asyncio handle opened in the running loop, the engine's errors translated at this edge, one
+write at a time, and the skeleton of an adapter over all that (`LanceAdapter`)."""
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -25,6 +28,7 @@ from lancedb.index import FTS, Bitmap, BTree, IndexConfig
 from lancedb.query import FullTextQuery
 from lancedb.table import AsyncTable, LanceTable, Table
 
+from gateway.adapters.lance_compaction import KEEP_VERSIONS, Compactor, Policy
 from gateway.errors import SearchIndexError
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,47 @@ ENGINE_ERRORS: tuple[type[BaseException], ...] = (
 
 
 PRIMARY_KEY_METADATA = b"lance-schema:unenforced-primary-key:position"
+
+
+def table_name(name: str) -> str:
+    """A safe LanceDB table name for `name` (e.g. a model id): other characters become "_", and a short
+    hash of the original keeps two names that differ only in those characters apart."""
+    safe = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_-")[:100]
+    if not safe:
+        raise ValueError(f"no usable characters in table name {name!r}")
+    if safe == name:
+        return name
+    return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def vector_array(vectors: Sequence[Sequence[float] | None], dimensions: int) -> pa.FixedSizeListArray:
+    """Vectors as a column (null where a row has none yet); one of another length is refused."""
+    values = np.zeros((len(vectors), dimensions), dtype=np.float32)
+    missing = np.ones(len(vectors), dtype=bool)
+    for i, vector in enumerate(vectors):
+        if vector is None:
+            continue
+        if len(vector) != dimensions:
+            raise SearchIndexError(f"vector of {len(vector)} dimensions for an index of {dimensions}")
+        values[i] = vector
+        missing[i] = False
+    return pa.FixedSizeListArray.from_arrays(
+        pa.array(values.ravel()), dimensions, mask=pa.array(missing) if missing.any() else None
+    )
+
+
+def query_vector(vector: Sequence[float] | None, dimensions: int) -> npt.NDArray[np.float32] | None:
+    """A search's vector for the engine (None: no semantic ranking); one of another length is refused."""
+    if vector is None:
+        return None
+    if len(vector) != dimensions:
+        raise SearchIndexError(f"query vector of {len(vector)} dimensions for an index of {dimensions}")
+    return np.asarray(vector, dtype=np.float32)
+
+
+def sql_string(value: str) -> str:
+    """A SQL string literal's body: count_rows takes only SQL text, where a quote is doubled."""
+    return value.replace("'", "''")
 
 
 def missing_indexes(existing: Iterable[IndexConfig], wanted: IndexConfigs) -> IndexConfigs:
@@ -161,11 +206,8 @@ class WriteLock:
     directory, every process of the host (an exclusive `flock` on a file beside the table).
 
     Lance lets merge_inserts of the same new ids running at once in two processes both insert them once
-    `id` has its scalar index, declared key or not (lance-format/lance#9238): measured here, three
-    processes adding the same 36 new rows stored 92. Processes of `serve --workers N`, and replicas
-    sharing one directory, index the same messages at once often enough (the replica soak found it). On
-    object storage there is no such lock: replicas there can still race (`context-gateway verify` finds
-    it)."""
+    `id` has its scalar index, declared key or not (lance-format/lance#9238). On object storage there is
+    no such lock: replicas there can still race (`context-gateway verify` finds it)."""
 
     def __init__(self, uri: str, name: str) -> None:
         self._tasks = anyio.Lock()
@@ -269,3 +311,99 @@ class LanceHandle:
         if self._connection is not None:
             self._connection.close()  # type: ignore[no-untyped-call]
             self._connection = None
+
+
+class LanceAdapter:
+    """One table as an adapter holds it: the handle, the write lock, the indexes an empty table could not
+    have at start-up (built at the first write), compactions by `Policy`, and both rankings of a search."""
+
+    def __init__(
+        self,
+        uri: str,
+        name: str,
+        dimensions: int,
+        schema: pa.Schema,
+        indexes: IndexConfigs,
+        policy: Policy,
+        *,
+        storage_options: dict[str, str] | None,
+        consistency: timedelta,
+        indexes_ready: bool,
+        backlog: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
+        self.uri = uri
+        self.name = name
+        self.dimensions = dimensions
+        self._schema = schema
+        self._indexes = indexes
+        self._indexes_ready = indexes_ready
+        self._handle = LanceHandle(uri, name, storage_options=storage_options, consistency=consistency)
+        self._writing = WriteLock(uri, name)  # merges and compactions, one at a time
+        self._compaction = Compactor(name, policy, self._compact, backlog=backlog)
+
+    def translated(self, action: str) -> AbstractAsyncContextManager[None]:
+        """Engine errors inside become SearchIndexError ("index <action> failed: ...")."""
+        return self._handle.translated(action)
+
+    async def table(self) -> AsyncTable:
+        """The asyncio table handle, opened in the running loop on first use."""
+        return await self._handle.table()
+
+    async def _engine(self, action: str, operation: Callable[[AsyncTable], Awaitable[T]]) -> T:
+        return await self._handle.run(action, operation)
+
+    async def _index_once(self, table: AsyncTable) -> bool:
+        """Build the indexes the table was too empty for at start-up; True if they were built now."""
+        if self._indexes_ready:
+            return False
+        for column, config in missing_indexes(await table.list_indices(), self._indexes).items():
+            await table.create_index(column, config=config)
+        self._indexes_ready = True
+        return True
+
+    async def optimize(self) -> None:
+        """Merge small fragments, add new rows to the indexes, drop versions older than `KEEP_VERSIONS`."""
+        await self._compaction.optimize()
+
+    async def _compact(self) -> None:
+        # This process's own writes wait: Lance refuses a compaction that a concurrent update of the same
+        # fragments preempts ("Retryable commit conflict"); another replica's writes still can.
+        async with self._writing:
+            await self._engine("optimize", self._optimize)
+
+    async def _optimize(self, table: AsyncTable) -> None:
+        await table.optimize(cleanup_older_than=KEEP_VERSIONS)
+
+    async def _rankings(
+        self,
+        where: Expr,
+        vector: npt.NDArray[np.float32] | None,
+        text: FullTextQuery | None,
+        limit: int,
+        columns: list[str],
+        hits: Callable[[pa.Table, Callable[[float], float], str], list[H]],
+    ) -> tuple[list[H], list[H]]:
+        """The semantic and keyword rankings of the rows passing `where` (empty without a vector, a text)."""
+
+        async def semantic(table: AsyncTable) -> list[H]:
+            if vector is None:
+                return []
+            return hits(await nearest(table, vector, where, limit, columns), lambda d: 1.0 - d, "_distance")
+
+        async def keyword(table: AsyncTable) -> list[H]:
+            if text is None:
+                return []
+            return hits(await matching(table, text, where, limit, columns), float, "_score")
+
+        return await self._handle.both(semantic, keyword)
+
+    async def _count(self, tenant: str, user_id: str | None = None) -> int:
+        # count_rows takes SQL text only, so the ids are quoted here (`sql_string`), not built as `expr`.
+        where = f"tenant = '{sql_string(tenant)}'"
+        if user_id is not None:
+            where += f" AND user_id = '{sql_string(user_id)}'"
+        return await self._engine("count", lambda table: table.count_rows(where))
+
+    async def aclose(self) -> None:
+        self._compaction.close()
+        self._handle.close()
