@@ -150,10 +150,28 @@ def tenant(name: str, base_url: str, **upstream: Any) -> dict[str, Any]:
     return {"name": name, "api_keys": keys, "upstream": upstream, **extra}
 
 
+def real_parts(request: pytest.FixtureRequest) -> bool:
+    """Tests marked `real` (or in a module marked so) run on the ONNX model and LanceDB; the rest on
+    the shipped fakes, chosen by config as a user would (`embedder: {provider: fake}`, `index: memory`)."""
+    return request.node.get_closest_marker("real") is not None
+
+
+def with_fakes(tenants: list[dict[str, Any]], sections: dict[str, Any]) -> None:
+    """The fake embedder for tenants that name no embedder, and the in-process index, unless set."""
+    for t in tenants:
+        embedder = t.setdefault("retrieval", {}).setdefault("embedder", {})
+        if "provider" not in embedder and "model" not in embedder:
+            embedder["provider"] = "fake"
+    advanced = sections.setdefault("advanced", {}).setdefault("storage", {})
+    if "index" not in sections.get("storage", {}):
+        advanced.setdefault("index", "memory")
+
+
 @pytest.fixture
-def make_gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
+def make_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Gateway]]:
     started: list[BackgroundServer] = []
     owned: list[Deps] = []
+    fakes = not real_parts(request)
 
     def factory(
         tenants: list[dict[str, Any]], clock: Callable[[], datetime] | None = None, **sections: Any
@@ -163,6 +181,8 @@ def make_gateway(tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
             "storage",
             {"database_url": f"sqlite:///{tmp_path}/gateway.db", "data_dir": str(tmp_path / "data")},
         )
+        if fakes:
+            with_fakes(tenants, sections)
         config = parse_config({"tenants": tenants, **sections}, {})
         deps = None
         if clock is not None:

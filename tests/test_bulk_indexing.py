@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.adapters.sql.store import SqlStore
@@ -26,6 +27,9 @@ from gateway.jobs.embed import (
 )
 from gateway.records import EMBED, AppendRequest, EmbedWork, IndexBacklog, NewMessage, embed_key_prefix
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
+
+# The model and LanceDB are what these tests are about.
+pytestmark = pytest.mark.real
 
 
 def chain(count: int) -> list[NewMessage]:

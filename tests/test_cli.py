@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import lancedb
+import pytest
 from click.testing import CliRunner
 
 from gateway.cli import main
@@ -20,6 +21,9 @@ from gateway.fakes.server import BackgroundServer
 from gateway.wiring import index_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
 from tests.test_cache_usage import ANSWER, provider_app
+
+# The model and LanceDB are what these tests are about.
+pytestmark = pytest.mark.real
 
 COMMANDS_DOC = Path(__file__).resolve().parent.parent / "docs" / "dashboard-and-cli.md"
 

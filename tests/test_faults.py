@@ -39,6 +39,9 @@ from tests.conftest import (
     wait_for_jobs,
 )
 
+# The model and LanceDB are what these tests are about.
+pytestmark = pytest.mark.real
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

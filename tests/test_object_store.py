@@ -32,6 +32,9 @@ from gateway.records import SearchQuery
 from gateway.wiring import index_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, free_port, recorded, tenant, wait_for_jobs
 
+# The model and LanceDB are what these tests are about.
+pytestmark = pytest.mark.real
+
 REGION = "us-east-1"
 KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 

@@ -28,28 +28,37 @@ TOPICS = [
     "a podcast episode about the history of Roman roads",
 ]
 SMALL = {"budget_tokens": 400}
-MODELS = [None, "multilingual-e5-small-q4"]  # the default local model and the multilingual one
-
-
-# Tests of the builder's budgeting over long messages: the model changes nothing there, and e5 embeds
-# 2,000-character texts at about one a second on one thread (BENCHMARKS.md), minutes per test.
+# Each test runs once on the real model and LanceDB; budgeting-only tests run on the shipped fakes (the
+# model changes nothing there), and tests of meaning run with the multilingual model too.
+REAL = pytest.mark.real
+MINILM = pytest.param(None, marks=REAL, id="minilm")
+E5 = pytest.param("multilingual-e5-small-q4", marks=REAL, id="e5")
+FAKE = pytest.param("fake", id="fake")
 BUDGETING_ONLY = pytest.mark.budgeting_only
+MEANING = pytest.mark.meaning
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every test here runs with each local embedding model (budgeting-only tests with the default)."""
     if "embedder_model" in metafunc.fixturenames:
-        one = metafunc.definition.get_closest_marker("budgeting_only") is not None
-        models = MODELS[:1] if one else MODELS
-        metafunc.parametrize("embedder_model", models, ids=["minilm", "e5"][: len(models)])
+        definition = metafunc.definition
+        if definition.get_closest_marker("budgeting_only") is not None:
+            models = [FAKE]
+        elif definition.get_closest_marker("meaning") is not None:
+            models = [MINILM, E5]
+        else:
+            models = [MINILM]
+        metafunc.parametrize("embedder_model", models)
 
 
 @pytest.fixture
 def make_gateway(embedder_model: str | None, make_gateway: Callable[..., Gateway]) -> Callable[..., Gateway]:
     def factory(tenants: list[dict[str, Any]], *args: Any, **kwargs: Any) -> Gateway:
         for t in tenants:
-            retrieval = t.setdefault("retrieval", {})
-            retrieval.setdefault("embedder", {}).setdefault("model", embedder_model)
+            embedder = t.setdefault("retrieval", {}).setdefault("embedder", {})
+            if embedder_model == "fake":
+                embedder.setdefault("provider", "fake")
+            else:
+                embedder.setdefault("model", embedder_model)
         return make_gateway(tenants, *args, **kwargs)
 
     return factory
@@ -212,6 +221,7 @@ def test_a_why_question_gets_the_reason_said_after_the_decision(
     assert any(g["from"] <= 80 and g["to"] >= 82 for g in groups), groups
 
 
+@MEANING
 def test_a_paraphrase_is_found_by_meaning(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> None:
     gateway = gateway_with(make_gateway, upstream)
     client = gateway.client()

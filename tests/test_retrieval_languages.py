@@ -14,6 +14,9 @@ import pytest
 from tests.conftest import Gateway, Upstream, api
 from tests.test_retrieval import Clock, gateway_with, injected, wait_for_jobs
 
+# The model and LanceDB are what these tests are about.
+pytestmark = pytest.mark.real
+
 CHATS = {
     "zh": {
         "filler": [

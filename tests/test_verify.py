@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import lancedb
+import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
@@ -18,6 +19,9 @@ from gateway.config import LOCAL_MODELS
 from gateway.fakes.openai_upstream import Reply
 from gateway.wiring import index_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, tenant, wait_for_jobs
+
+# The model and LanceDB are what these tests are about.
+pytestmark = pytest.mark.real
 
 
 def _chat(gateway: Gateway, upstream: Upstream) -> str:
