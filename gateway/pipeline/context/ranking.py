@@ -1,16 +1,23 @@
 """Pure ranking for the retrieval section: reciprocal-rank fusion of the semantic and keyword rankings,
-and the score each hit lends to the messages beside it."""
+the score each hit lends to the messages beside it, and the weight of exact terms and recency."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.context.question import contains_term
 from gateway.records import IndexHit, SearchResult
 
 RRF_K = 30  # measured on LoCoMo (benchmarks/locomo.py): 30 ranked a little better than the usual 60
 NEIGHBOUR_SHARE = 0.5
+# An exact term of the question held by more of the candidates than this weighs proportionally less.
+RARE_TERM = 4
+# Recency's weight (in reciprocal-rank units over the path) for a question about how things stand now;
+# 0.1 otherwise, a tie-breaker.
+CURRENT_RECENCY = 1.0
 
 
 @dataclass(slots=True)
@@ -29,7 +36,7 @@ def fuse(result: SearchResult, semantic_weight: float = 1.0) -> list[Candidate]:
     def add(hits: list[IndexHit], weight: float = 1.0) -> None:
         for rank, hit in enumerate(hits):
             candidate = by_node.get(hit.node_id)
-            if candidate is None:  # (not setdefault: a candidate made for every hit was 7 % of a request)
+            if candidate is None:  # not setdefault: that makes a candidate for every hit
                 candidate = by_node[hit.node_id] = Candidate(hit.node_id)
             candidate.score += weight / (RRF_K + rank)
             # An undated hit (history that arrived at once) has no date to show.
@@ -66,3 +73,30 @@ def smoothed(
                 neighbour = by_position[near] = Candidate(node_id)
             neighbour.score += NEIGHBOUR_SHARE * hit.score
     return list(by_position.values())
+
+
+def term_weights(terms: Iterable[str], texts: dict[str, str]) -> dict[str, float]:
+    """The question's exact terms that the candidates' `texts` (lower case) hold, sorted, each weighing
+    most where few hold it (an error code said once picks its message out, a name said every other
+    turn hardly ranks anything)."""
+    holding = {t: sum(t in text and contains_term(text, t) for text in texts.values()) for t in terms}
+    return {
+        t: 2.0 / RRF_K * min(1.0, RARE_TERM / holding[t]) for t in sorted(t for t, n in holding.items() if n)
+    }
+
+
+def boost(
+    ranked: list[Candidate],
+    texts: dict[str, str],
+    weights: dict[str, float],
+    positions: dict[str, int],
+    path_length: int,
+    recency: float,
+) -> None:
+    """Add each candidate's exact terms' weights and its recency (`recency` reciprocal ranks at the
+    newest message), then sort `ranked` best first."""
+    for c in ranked:
+        text = texts[c.node_id]
+        c.score += sum(w for t, w in weights.items() if t in text and contains_term(text, t))
+        c.score += recency / RRF_K * positions[c.node_id] / max(path_length, 1)
+    ranked.sort(key=lambda c: c.score, reverse=True)

@@ -1,0 +1,111 @@
+"""The retrieval section's second hop: identifiers and names that the HOP_FROM best matches hold and the
+question does not ("nightly-export runs on etl-07" for "where does nightly-export run?") are searched for
+too, and what holds them ranks at HOP_SHARE of the match that named them, less further down the keyword
+ranking. `leads` and `follow` are pure; `second_hop` adds the one keyword search between them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+
+from gateway.errors import StoreError
+from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.context.question import capitalised_names, contains_term, named_terms, states
+from gateway.pipeline.context.ranking import Candidate
+from gateway.ports import VectorIndex
+from gateway.records import IndexHit, SearchQuery
+from gateway.text import message_text
+
+HOP_FROM = 2
+HOP_LIMIT = 10
+HOP_SHARE = 0.8
+HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere in particular
+HOP_TERMS = 4  # leads searched at most: a query of more finds messages holding only some of them
+
+
+async def second_hop(
+    index: VectorIndex,
+    query: SearchQuery,
+    matched_terms: list[str],
+    dates: dict[str, datetime | None],
+    ranked: list[Candidate],
+    path: list[HistoryItem],
+    positions: dict[str, int],
+    recent: set[str | None],
+    texts: dict[str, str],
+) -> list[str]:
+    """One more keyword search, for the leads the best matches name; re-sorts `ranked` and adds the
+    dates of what it finds to `dates`. Returns the terms searched."""
+    named = leads(query.text.lower(), matched_terms, ranked, path, positions, texts)
+    if not named:
+        return []
+    try:
+        result = await index.search(replace(query, text=" ".join(named), vector=None, limit=HOP_LIMIT))
+    except StoreError:
+        return []  # the first hop's ranking stands
+    follow(result.keyword, named, ranked, path, positions, recent, texts, dates)
+    return list(named)
+
+
+def leads(
+    asked: str,
+    matched_terms: list[str],
+    ranked: list[Candidate],
+    path: list[HistoryItem],
+    positions: dict[str, int],
+    texts: dict[str, str],
+) -> dict[str, Candidate]:
+    """The terms worth a second search (identifiers first, then names, HOP_TERMS at most), each with the
+    match that named it; `asked` is the question in lower case."""
+    # Matched by a search (not only a neighbour's), and holding the question's own terms if any do.
+    searched = [c for c in ranked if c.views]
+    # A turn that only asks about the question's terms (the same question asked before) states no link.
+    own = [c for c in searched if any(states(texts[c.node_id], t) for t in matched_terms)]
+    named: dict[str, Candidate] = {}
+    names: set[str] = set()
+    for source in (own or searched)[:HOP_FROM]:
+        said = message_text(path[positions[source.node_id]].message)
+        names.update(capitalised_names(said))
+        for term in named_terms(said):
+            if contains_term(asked, term) or term in named:
+                continue
+            # Said all over the conversation (a speaker's name, a word like "keep-alive"): no lead.
+            if sum(term in text and contains_term(text, term) for text in texts.values()) <= HOP_COMMON:
+                named[term] = source
+    if names & named.keys():
+        # A capitalised word the path also says in lower case only starts a sentence: not a name.
+        everything = "\n".join(message_text(item.message) for item in path)
+        named = {t: c for t, c in named.items() if t not in names or not contains_term(everything, t)}
+    return {t: named[t] for t in sorted(named, key=names.__contains__)[:HOP_TERMS]}
+
+
+def follow(
+    hits: list[IndexHit],
+    named: dict[str, Candidate],
+    ranked: list[Candidate],
+    path: list[HistoryItem],
+    positions: dict[str, int],
+    recent: set[str | None],
+    texts: dict[str, str],
+    dates: dict[str, datetime | None],
+) -> None:
+    """Rank the second search's keyword `hits` that hold a lead into `ranked` (re-sorted), below the
+    match that named them; a hit new to the ranking joins it."""
+    by_node = {c.node_id: c for c in ranked}
+    for rank, hit in enumerate(hits):
+        if hit.node_id not in positions or hit.node_id in recent:
+            continue
+        text = texts.get(hit.node_id)
+        if text is None:
+            text = texts[hit.node_id] = message_text(path[positions[hit.node_id]].message).lower()
+        sources_of = [s for t, s in named.items() if contains_term(text, t) and s.node_id != hit.node_id]
+        if not sources_of:
+            continue  # matched a piece of a term only ("etl" of "etl-07")
+        candidate = by_node.get(hit.node_id)
+        if candidate is None:
+            candidate = by_node[hit.node_id] = Candidate(hit.node_id, created_at=hit.created_at)
+            ranked.append(candidate)
+        candidate.score += HOP_SHARE * max(s.score for s in sources_of) / (1 + rank)
+        candidate.views.append(hit.view)
+        dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
+    ranked.sort(key=lambda c: c.score, reverse=True)

@@ -1,0 +1,101 @@
+"""The retrieval section's searches: both rankings of the question run together, the question's vector
+(begun early where it can be), and how much of the conversation still waits for the index."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import replace
+
+import anyio
+
+from gateway.errors import EmbeddingError, StoreError
+from gateway.pipeline.call import QuestionVector
+from gateway.ports import Embedder, JobQueue, VectorIndex
+from gateway.records import EMBED, IndexBacklog, SearchQuery, SearchResult, embed_key_prefix
+
+
+async def search_both(
+    index: VectorIndex,
+    embedder: Embedder | None,
+    query: SearchQuery,
+    other: SearchQuery | None,
+    early: QuestionVector | None = None,
+) -> tuple[SearchResult, SearchResult | None, float]:
+    """Both rankings for this conversation (and the user's others): the keyword searches start at
+    once, the semantic ones as soon as the question is embedded (usually begun as the request
+    arrived: `early`); meanwhile the index prepares the conversation's semantic search. Returns the
+    seconds spent waiting for the embedding too."""
+    queries = [query] if other is None else [query, other]
+    keyword: list[SearchResult | None] = [None] * len(queries)
+    semantic: list[SearchResult | None] = [None] * len(queries)
+    failures: list[StoreError] = []
+    embed_seconds = 0.0
+
+    async def by_keyword(slot: int) -> None:
+        try:
+            keyword[slot] = await index.search(queries[slot])  # vector None: keyword only
+        except StoreError as exc:  # kept: a task group would wrap it in an ExceptionGroup
+            failures.append(exc)
+
+    async def by_meaning() -> None:
+        nonlocal embed_seconds
+        started = time.perf_counter()
+        vector = await embed_question(embedder, query.text, early)
+        embed_seconds = time.perf_counter() - started
+        if vector is None:
+            return
+        for slot, q in enumerate(queries):
+            try:
+                semantic[slot] = await index.search(replace(q, text="", vector=vector))
+            except StoreError as exc:
+                failures.append(exc)
+
+    async def prepare() -> None:
+        # A failure here shows again in the semantic search that follows, which reports it.
+        with contextlib.suppress(StoreError):
+            await index.prepare(query)
+
+    async with anyio.create_task_group() as group:
+        for slot in range(len(queries)):
+            group.start_soon(by_keyword, slot)
+        if embedder is not None:
+            group.start_soon(prepare)
+        group.start_soon(by_meaning)
+    if failures:
+        raise failures[0]
+
+    def merged(slot: int) -> SearchResult:
+        hits_by_meaning, hits_by_word = semantic[slot], keyword[slot]
+        return SearchResult(
+            hits_by_meaning.semantic if hits_by_meaning else [],
+            hits_by_word.keyword if hits_by_word else [],
+        )
+
+    return merged(0), merged(1) if other is not None else None, embed_seconds
+
+
+async def embed_question(
+    embedder: Embedder | None, question: str, early: QuestionVector | None
+) -> list[float] | None:
+    """The question's vector (None: no embedder, or it failed)."""
+    if embedder is None:
+        return None
+    try:
+        if early is not None and early.text == question and not early.future.cancelled():
+            return await early.future
+        return await embedder.embed_query(question)
+    except EmbeddingError:
+        return None  # keyword search still works
+
+
+async def index_backlog(
+    jobs: JobQueue | None, tenant: str, conversation_id: str | None
+) -> IndexBacklog | None:
+    """The conversation's messages still waiting for the index (None: unknown)."""
+    if jobs is None or conversation_id is None:
+        return None
+    try:
+        return IndexBacklog.of(await jobs.pending(EMBED, embed_key_prefix(conversation_id), tenant))
+    except StoreError:
+        return None  # only the report misses it
