@@ -1,0 +1,228 @@
+"""The retrieval section's pure parts, without a gateway: term and recency weights (ranking.py), the second
+hop's leads and how its hits rank (retrieval_hop.py), groups (retrieval_groups.py) and the section's text
+(retrieval_compose.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.context.ranking import RARE_TERM, RRF_K, Candidate, boost, term_weights
+from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
+from gateway.pipeline.context.retrieval_groups import (
+    DATE_LINE_TOKENS,
+    SEPARATOR_TOKENS,
+    Group,
+    groups_of,
+    other_group,
+    said_above,
+)
+from gateway.pipeline.context.retrieval_hop import HOP_SHARE, HOP_TERMS, follow, leads
+from gateway.pipeline.context.tail_lines import lines_of
+from gateway.records import IndexHit
+
+DAY = datetime(2024, 5, 8, 13, 56, tzinfo=UTC)
+
+
+def path_of(*texts: str, roles: tuple[str, ...] = ("user", "assistant")) -> list[HistoryItem]:
+    return [
+        HistoryItem({"role": roles[i % len(roles)], "content": t}, None, f"n{i}") for i, t in enumerate(texts)
+    ]
+
+
+def positions_of(path: list[HistoryItem]) -> dict[str, int]:
+    return {item.node_id: i for i, item in enumerate(path) if item.node_id is not None}
+
+
+def one_token(_: HistoryItem) -> int:
+    return 1
+
+
+# ranking.py
+
+
+def test_a_term_weighs_less_the_more_candidates_hold_it_and_an_absent_one_not_at_all() -> None:
+    texts = {f"n{i}": "etl-07 restarted" for i in range(RARE_TERM * 2)}
+    texts["n99"] = "error e1234 at startup etl-07"
+    weights = term_weights(("e1234", "etl-07", "absent-term"), texts)
+    assert list(weights) == ["e1234", "etl-07"]  # sorted, matched only
+    assert weights["e1234"] == pytest.approx(2.0 / RRF_K)
+    assert weights["etl-07"] == pytest.approx(2.0 / RRF_K * RARE_TERM / (RARE_TERM * 2 + 1))
+
+
+def test_a_term_inside_another_token_is_not_held() -> None:
+    assert term_weights(("10",), {"a": "in 2010 we moved"}) == {}
+
+
+def test_boost_adds_terms_and_recency_then_sorts_best_first() -> None:
+    ranked = [Candidate("n0", 0.1), Candidate("n1", 0.1), Candidate("n2", 0.1)]
+    texts = {"n0": "the e1234 error", "n1": "nothing", "n2": "nothing either"}
+    positions = {"n0": 0, "n1": 1, "n2": 2}
+    boost(ranked, texts, {"e1234": 0.5}, positions, 3, recency=1.0)
+    assert [c.node_id for c in ranked] == ["n0", "n2", "n1"]
+    assert ranked[0].score == pytest.approx(0.6)
+    assert ranked[1].score == pytest.approx(0.1 + 1.0 / RRF_K * 2 / 3)
+
+
+# retrieval_hop.py
+
+
+def test_leads_are_what_the_best_match_names_and_the_question_does_not() -> None:
+    path = path_of("where does nightly-export run?", "nightly-export runs on etl-07 since March")
+    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    ranked = [Candidate("n1", 1.0, views=["m"]), Candidate("n0", 0.5, views=["m"])]
+    named = leads(
+        "where does nightly-export run?", ["nightly-export"], ranked, path, positions_of(path), texts
+    )
+    assert list(named) == ["etl-07"]
+    assert named["etl-07"].node_id == "n1"  # the match that states the question's term, not the one asking
+
+
+def test_leads_skip_a_capitalised_word_the_path_also_says_in_lower_case() -> None:
+    path = path_of("Proposal: move srv-9 to the new rack", "the proposal was accepted", "what about it")
+    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    ranked = [Candidate("n0", 1.0, views=["k"])]
+    named = leads("what about the rack?", [], ranked, path, positions_of(path), texts)
+    assert "proposal" not in named and "srv-9" in named
+    assert len(named) <= HOP_TERMS
+
+
+def test_no_leads_from_candidates_only_a_neighbour_ranked() -> None:
+    path = path_of("etl-07 is the host", "ok")
+    texts = {"n0": "etl-07 is the host", "n1": "ok"}
+    assert leads("which host?", [], [Candidate("n0", 1.0)], path, positions_of(path), texts) == {}
+
+
+def test_follow_ranks_a_hit_below_the_match_that_named_it_and_skips_partial_and_recent_hits() -> None:
+    path = path_of(
+        "nightly-export runs on etl-07", "etl-07 was moved to rack 4", "etl is great", "etl-07 again"
+    )
+    positions = positions_of(path)
+    source = Candidate("n0", 1.0, views=["m"])
+    ranked = [source]
+    texts = {"n0": "nightly-export runs on etl-07"}
+    dates: dict[str, datetime | None] = {}
+
+    def hit(node_id: str) -> IndexHit:
+        return IndexHit(node_id, "c", "k", 0, DAY, 1.0)
+
+    follow(
+        [hit("n2"), hit("n1"), hit("n3"), hit("n0")],
+        {"etl-07": source},
+        ranked,
+        path,
+        positions,
+        {"n3"},
+        texts,
+        dates,
+    )
+    assert [c.node_id for c in ranked] == ["n0", "n1"]
+    assert ranked[1].score == pytest.approx(HOP_SHARE * 1.0 / 2)  # second in the keyword ranking
+    assert ranked[1].views == ["k"] and dates == {"n1": DAY}
+    assert texts["n2"] == "etl is great"  # read once, kept for later checks
+
+
+# retrieval_groups.py
+
+
+def test_a_hit_brings_its_neighbours_and_never_what_the_window_holds() -> None:
+    path = path_of(*(f"message {i}" for i in range(10)))
+    groups = groups_of(
+        path, positions_of(path), [Candidate("n5", 1.0)], {6}, 1_000, {}, 2, 2, 0, "", one_token
+    )
+    assert [(g.start, g.end) for g in groups] == [(3, 5)]  # stops before the window's message 6
+    assert groups[0].tokens == 3 + SEPARATOR_TOKENS - 1
+
+
+def test_a_tool_result_comes_with_its_call() -> None:
+    path = path_of("q", "call", "result", "answer", roles=("user", "assistant", "tool", "assistant"))
+    groups = groups_of(
+        path, positions_of(path), [Candidate("n2", 1.0)], set(), 1_000, {}, 0, 0, 0, "", one_token
+    )
+    assert [(g.start, g.end) for g in groups] == [(1, 2)]
+
+
+def test_groups_never_overlap_and_the_allowance_is_kept() -> None:
+    path = path_of(*(f"message {i}" for i in range(20)))
+    ranked = [Candidate(f"n{i}", 1.0 / (i + 1)) for i in (4, 5, 12, 18)]
+    groups = groups_of(path, positions_of(path), ranked, set(), 40, {}, 1, 1, 0, "", one_token)
+    shown = [i for g in groups for i in range(g.start, g.end + 1)]
+    assert len(shown) == len(set(shown))
+    assert sum(g.tokens for g in groups) + DATE_LINE_TOKENS * len({g.created_at for g in groups}) <= 40
+
+
+def test_a_group_is_labelled_by_the_first_of_its_messages_with_a_known_date() -> None:
+    path = path_of("a", "b", "c")
+    dates: dict[str, datetime | None] = {"n1": DAY, "n2": DAY + timedelta(days=1)}
+    groups = groups_of(
+        path, positions_of(path), [Candidate("n1", 1.0, DAY)], set(), 1_000, dates, 1, 1, 0, "", one_token
+    )
+    assert groups[0].created_at == DAY
+    # The next message is from another day: a date line before it, counted in the group's tokens.
+    assert [line for line, node in groups[0].lines if node is None] == ["[2024-05-09 13:56]"]
+    assert groups[0].tokens == 3 + SEPARATOR_TOKENS - 1 + DATE_LINE_TOKENS
+
+
+def test_what_the_summary_already_says_is_not_retrieved() -> None:
+    assert said_above(
+        {"role": "user", "content": "We moved etl-07 to rack-4"}, "summary: etl-07 now in rack-4"
+    )
+    assert not said_above({"role": "user", "content": "etl-07 crashed"}, "summary: rack-4")
+    path = path_of("We moved etl-07 to rack-4", "fine")
+    above = "summary: etl-07 now in rack-4"
+    ranked = [Candidate("n0", 1.0)]
+    assert groups_of(path, positions_of(path), ranked, set(), 1_000, {}, 0, 0, 0, above, one_token) == []
+
+
+def test_an_other_conversations_group_holds_all_its_messages_and_a_date_line() -> None:
+    items = path_of("before", "the match")
+    group = other_group(items, Candidate("n1", 0.5, DAY), "c2", 7)
+    assert (group.start, group.end, group.label) == (0, 1, "c2")
+    assert group.tokens == 7 + DATE_LINE_TOKENS + SEPARATOR_TOKENS
+    assert [node for _, node in group.lines] == ["n0", "n1"]
+
+
+# retrieval_compose.py
+
+
+def test_groups_are_shown_oldest_first_one_date_line_a_day_and_an_ellipsis_between_gaps() -> None:
+    path = path_of(*(f"m{i}" for i in range(10)))
+
+    def group(start: int, end: int, when: datetime | None) -> Group:
+        made = Group(start, end, 1.0, when)
+        made.lines = lines_of(path, start, end)
+        return made
+
+    other = group(0, 0, DAY)
+    text, tokens = compose(
+        [group(6, 6, DAY + timedelta(days=1)), group(3, 3, DAY), group(0, 1, DAY)],
+        [other],
+        lambda line, node_id: len(line) + 1,
+        len,
+    )
+    assert text == "\n".join(
+        [
+            HEADER,
+            "",
+            "[2024-05-08 13:56]",
+            "user: m0",
+            "assistant: m1",
+            "…",
+            "assistant: m3",
+            "",
+            "[2024-05-09 13:56]",
+            "user: m6",
+            "",
+            OTHER_HEADER,
+            "",
+            "[2024-05-08 13:56]",
+            "user: m0",
+        ]
+    )
+    assert tokens == len(text)  # every line and break counted once
+
+
+def test_nothing_to_show_is_no_text() -> None:
+    assert compose([], [], lambda line, node_id: 1, len) == (None, 0)
