@@ -261,6 +261,7 @@ def _counts(gateway: Gateway, tmp_path: Path, user: str) -> tuple[int, int, int]
     return int(rows or 0), int(sources or 0), asyncio.run(vectors())
 
 
+@pytest.mark.real  # counts the rows left in LanceDB's own table
 def test_delete_all_of_a_user_leaves_nothing(
     remembering: Gateway, upstream: Upstream, tmp_path: Path
 ) -> None:
