@@ -833,7 +833,7 @@ def test_cached_search_sees_rows_added_since_by_this_or_another_instance(tmp_pat
         assert cached._cache is not None
         entry = cached._cache.get(("acme", "c1"))
         assert entry is not None and "b:m" in entry.ids
-        assert entry.version == await (await cached._open()).version()
+        assert entry.version == await (await cached.inner.table()).version()
         assert ids((await cached.search(near)).semantic) == ["b", "a"]
         await other.add([row("c", "third", vector=unit(1, 0, 0, 0), depth=3)])
         await other.add([row("d", "unembedded", depth=4)])
@@ -857,7 +857,7 @@ def test_this_processs_writes_keep_every_cached_conversation_current_without_rea
             await index.search(query("kafka", unit(1, 0, 0, 0), conversation_id=c))
         assert index._cache is not None
         await index.add([row("a1", "kafka again", vector=unit(0, 1, 0, 0), conversation="a")])
-        table = await index._open()
+        table = await index.inner.table()
         version = await table.version()
         held = {c: index._cache.get(("acme", c)) for c in "ab"}
         # "a" took the write itself; "b", untouched by it, is as current as the table.
@@ -900,7 +900,7 @@ def test_a_conversation_read_while_this_process_wrote_is_brought_up_to_date_from
         assert read is not None
         await index.add([row("x1", "kafka two", vector=unit(0, 1, 0, 0), conversation="c2", depth=1)])
         await index.add([row("a1", "kafka one", vector=unit(0, 1, 0, 0), conversation="c1", depth=1)])
-        table = await index._open()
+        table = await index.inner.table()
         now = await table.version()
         caught = index._caught_up(("acme", "c1"), read)
         assert caught.version == now == read.version + 2
@@ -937,7 +937,7 @@ def test_new_rows_of_a_conversation_held_whole_are_appended_and_others_merged(tm
     async def scenario() -> None:
         await index.add([row("a0", "kafka broker", vector=unit(1, 0, 0, 0), depth=0)])  # builds the indexes
         await index.search(query("kafka", unit(1, 0, 0, 0), conversation_id="c1"))
-        table = await index._open()
+        table = await index.inner.table()
         merges: list[str] = []
         original = table.merge_insert
 
@@ -982,7 +982,7 @@ def test_searches_while_this_process_writes_read_nothing_from_the_table(tmp_path
         )
         for c in conversations:
             await index.search(query("kafka", unit(1, 0, 0, 0), conversation_id=c))
-        table = await index._open()
+        table = await index.inner.table()
         reads: list[str] = []
         original = table.query
 
@@ -1099,7 +1099,7 @@ def test_a_compaction_keeps_cached_copies_exact_unless_another_writer_added_rows
         await cached.search(near)
         assert cached._cache is not None
         await cached.optimize()
-        table = await cached._open()
+        table = await cached.inner.table()
         entry = cached._cache.get(("acme", "c1"))
         assert entry is not None and entry.version == await table.version()  # no read due
         assert ids((await cached.search(near)).semantic) == ["n0", "n1", "n2", "n3"]
@@ -1231,7 +1231,7 @@ def test_a_version_read_before_this_process_wrote_serves_the_newer_copy(tmp_path
         await index.add([row("a0", "kafka broker", vector=unit(1, 0, 0, 0))])
         await index.search(query("kafka", unit(1, 0, 0, 0), conversation_id="c1"))
         await index.add([row("a1", "kafka topic", vector=unit(1, 1, 0, 0), depth=1)])
-        table = await index._open()
+        table = await index.inner.table()
         current = await table.version()
         assert index._cache is not None
         entry = index._cache.get(("acme", "c1"))

@@ -1,16 +1,15 @@
 """In-memory copies of recently searched conversations' rows, for the LanceDB index's searches of one
 conversation: their vectors (semantic search) and their terms (keyword search, `keyword_rank.py`).
 
-A semantic search of one conversation (a few thousand rows) costs LanceDB ~5 ms, nearly all of it per-query
-overhead; the same top-k over the same vectors in numpy takes ~0.2 ms (measured on a LoCoMo replay,
-BENCHMARKS.md). A keyword search there cost ~10 ms of CPU; BM25 over the held terms a fraction of that. The
-index keeps each searched conversation's rows here and brings them up to date from the table before each
-search: nothing when the table's version has not moved (or moved only by writes this process applied
-here), else the rows created since the newest held one (less a margin for jobs that finish out of order).
-Entries are also reloaded whole after `RELOAD_SECONDS`, which picks up what a delta cannot see (rows
-deleted by another replica). Least recently used entries go first when `max_rows` is reached.
+A search of one conversation in LanceDB is nearly all per-query overhead; the same top-k (or BM25) over
+rows held in numpy costs a fraction of it (BENCHMARKS.md). The cached index (`cached_index.py`) keeps
+each searched conversation's rows here and brings them up to date from the table before each search:
+nothing when the table's version has not moved (or moved only by writes this process applied here), else
+the rows created since the newest held one (less a margin for jobs that finish out of order). Entries
+are also reloaded whole after `RELOAD_SECONDS`, which picks up what a delta cannot see (rows deleted by
+another replica). Least recently used entries go first when `max_rows` is reached.
 
-Only the data lives here; reading the table is the index's job (`lance_index.py`).
+Only the data lives here; reading the table is the cached index's job (`cached_index.py`).
 """
 
 from __future__ import annotations
@@ -113,7 +112,7 @@ class Entry:
         if has_vector.any():
             with_vector = [i for i, ok in zip(keep, has_vector, strict=True) if ok]
             added[has_vector] = _unit_rows(vectors.take(with_vector), dimensions)
-        # As integers first: pyarrow's own conversion of zoned timestamps is slow (~9 µs a row).
+        # As integers first: pyarrow's own conversion of zoned timestamps is slow.
         micros = np.asarray(taken.column("created_at").cast(pa.int64()).to_numpy(), dtype=np.int64)
         created = [from_micros(int(m)) for m in micros]
         depths = np.asarray(taken.column("depth").to_numpy(), dtype=np.int64)
