@@ -16,9 +16,8 @@ Processes, all on 127.0.0.1:
     (`metadata.bench_chunk_delay`). The starlette fake (`benchmarks/fake_upstream_server.py`, uvicorn +
     uvloop + httptools, record=False) tops out near 4,700 req/s here, which would cap the floors; `--fake
     starlette` brings it back;
-  * one gateway per upstream client, started through the real CLI
-    (`python -m gateway serve --config <yaml> --port <p>`) with `upstream.http_client: httpx`,
-    `httpx-aiohttp` and `aiohttp`, all pointing at that fake, as a pure pass-through
+  * the gateway (aiohttp, its one upstream client), started through the real CLI
+    (`python -m gateway serve --config <yaml> --port <p>`), pointing at that fake, as a pure pass-through
     (`store_conversations: false`, `context.enabled: false`), and one more aiohttp gateway per other front
     door (`/v1/messages`, `/v1/responses`: the same request converted both ways), for phases 1 and 2;
   * "aiohttp defaults": one more aiohttp gateway with the tenant's defaults (storage and context on), for
@@ -87,8 +86,8 @@ RESULTS = HERE / "results" / "overhead.json"
 HOST = "127.0.0.1"
 GATEWAY_KEY = "sk-bench-gateway"
 UPSTREAM_KEY = "sk-bench-upstream"
-CLIENTS = ("httpx", "httpx-aiohttp", "aiohttp")
-DEFAULT_CLIENT = "aiohttp"  # the default of upstream.http_client in gateway/config.py
+CLIENTS = ("aiohttp",)  # httpx and httpx-aiohttp were measured, lost on every figure and were removed
+DEFAULT_CLIENT = "aiohttp"  # the gateway's one upstream client
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 DEFAULTS = "aiohttp defaults"  # an aiohttp gateway with the tenant's defaults: storage and context on
@@ -100,8 +99,6 @@ LITELLM_VENV = HERE / "results" / f"litellm-{LITELLM_VERSION}-venv"  # git-ignor
 LITELLM_INSTALL_LOG = HERE / "results" / f"litellm-{LITELLM_VERSION}-install.log"
 # --targets: short names of the targets besides "direct" (always measured: every row is relative to it)
 TARGET_KEYS = {
-    "httpx": "httpx",
-    "httpx-aiohttp": "httpx-aiohttp",
     "aiohttp": "aiohttp",
     "defaults": DEFAULTS,
     "floor": STACK_FLOOR,
@@ -412,7 +409,6 @@ def gateway_config(
         "upstream": {
             "base_url": f"http://{HOST}:{upstream_port}/v1",
             "api_key": UPSTREAM_KEY,
-            "http_client": client,
         },
     }
     if under_test.get("max_connections"):
@@ -584,7 +580,7 @@ async def settle(meter: CpuMeter, label: str, max_wait: float, threshold: float 
 
 @dataclass(frozen=True)
 class Target:
-    name: str  # "direct", a gateway's http_client, or a front door of the aiohttp gateway
+    name: str  # "direct", the gateway ("aiohttp"), or a front door of the aiohttp gateway
     port: int
     key: str
     # "messages" / "responses": the same request as an Anthropic Messages call to /v1/messages, or as an
@@ -1058,7 +1054,6 @@ def machine() -> dict[str, Any]:
         "httptools",
         "starlette",
         "httpx",
-        "httpx-aiohttp",
         "aiohttp",
         "orjson",
     ):
@@ -1436,7 +1431,7 @@ async def run(
         "door_targets": [t.name for t in doors],
         "skipped_targets": skipped,
         "target_processes": {
-            DEFAULTS: "python -m gateway serve, upstream.http_client aiohttp, the tenant's defaults"
+            DEFAULTS: "python -m gateway serve, aiohttp, the tenant's defaults"
             " (store_conversations and context on)",
             STACK_FLOOR: "benchmarks/floor_proxy.py: uvicorn (uvloop, httptools) + raw ASGI + aiohttp ClientSession",
             BARE_RELAY: "benchmarks/bare_relay.py: asyncio (uvloop) + httptools, one upstream connection per client",

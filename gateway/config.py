@@ -111,15 +111,11 @@ class JobsConfig(_Frozen):
     unanswered_index_seconds: float = Field(default=300.0, ge=0)
 
 
-HttpClient = Literal["httpx", "httpx-aiohttp", "aiohttp"]
-
-
 class UpstreamConfig(_Frozen):
     provider: str = "openai"
     base_url: str | None = None
     api_key: str | None = None
     pass_through_client_key: bool = False
-    http_client: HttpClient = "aiohttp"
     # Streams through one process held with zero loss: 4,000 (BENCHMARKS.md, issue 16); more queue here.
     max_connections: int = Field(default=4000, gt=0)
     # Below common server idle timeouts (uvicorn 5 s, nginx 75 s): a pooled connection is dropped before
@@ -135,6 +131,19 @@ class UpstreamConfig(_Frozen):
     # OpenAI-compatible upstreams: send a `prompt_cache_key` per conversation (OpenAI routes a key's
     # requests to the same cache); off for a server that refuses fields it does not know.
     prompt_cache_key: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_http_client(cls, data: object) -> object:
+        # The httpx clients were dropped (aiohttp won every figure, BENCHMARKS.md); "aiohttp" still reads.
+        if isinstance(data, dict) and "http_client" in data:
+            if data["http_client"] != "aiohttp":
+                raise ValueError(
+                    f"http_client {data['http_client']!r} was removed: OpenAI-compatible upstreams are "
+                    "reached over aiohttp; delete the key"
+                )
+            data = {k: v for k, v in data.items() if k != "http_client"}
+        return data
 
     @field_validator("base_url")
     @classmethod

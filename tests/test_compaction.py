@@ -19,7 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.adapters.http_upstream import HttpUpstream
+from gateway.adapters.aiohttp_upstream import AiohttpUpstream
 from gateway.adapters.sql.store import SqlStore
 from gateway.adapters.sql.summaries import SqlSummaryStore
 from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
@@ -213,9 +213,7 @@ def test_racing_workers_produce_one_summary(database_url: str, summariser: tuple
         handlers = []
         for _ in range(2):  # separate engines, as two gateway processes would have
             store = SqlStore.open(database_url)
-            upstream = HttpUpstream(
-                "acme", UpstreamConfig(base_url=base_url, api_key="k", http_client="httpx")
-            )
+            upstream = AiohttpUpstream("acme", UpstreamConfig(base_url=base_url, api_key="k"))
             compaction = CompactionConfig(**COMPACTION)
             policy = CompactionPolicy.for_tenant(ContextConfig(**CONTEXT), compaction)
             target = CompactionTarget(upstream, compaction, policy)

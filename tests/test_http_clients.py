@@ -1,5 +1,5 @@
-"""Every upstream HTTP client (`upstream.http_client`) passes the same proxy scenarios on a real gateway:
-upstream errors pass through; broken, slow and abandoned streams end the way OpenAI clients expect."""
+"""The upstream HTTP client (aiohttp) on a real gateway: upstream errors pass through; broken, slow and
+abandoned streams end the way OpenAI clients expect."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from gateway.fakes.openai_upstream import Reply, ToolCall
 from gateway.fakes.server import BackgroundServer
 from tests.conftest import Gateway, Upstream, free_port, tenant
 
-CLIENTS = ["aiohttp", "httpx-aiohttp", "httpx"]
 VOLATILE = {"id", "created"}
 MESSAGES: list[Any] = [{"role": "user", "content": "What is the capital of Portugal?"}]
 TOOLS: list[Any] = [
@@ -50,14 +49,9 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
     return predicate()
 
 
-@pytest.fixture(params=CLIENTS)
-def http_client(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.fixture
-def gw(upstream: Upstream, make_gateway: Callable[..., Gateway], http_client: str) -> Gateway:
-    return make_gateway([tenant("acme", upstream.base_url, http_client=http_client)])
+def gw(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> Gateway:
+    return make_gateway([tenant("acme", upstream.base_url)])
 
 
 def direct(upstream: Upstream) -> OpenAI:
@@ -68,14 +62,16 @@ def dump(obj: Any) -> dict[str, Any]:
     return obj.model_dump(exclude=VOLATILE)  # type: ignore[no-any-return]
 
 
-def test_default_client_is_aiohttp(upstream: Upstream) -> None:
+def test_the_client_is_aiohttp_and_a_removed_one_is_named(upstream: Upstream) -> None:
     from gateway.adapters.aiohttp_upstream import AiohttpUpstream
     from gateway.config import parse_config
+    from gateway.errors import ConfigError
     from gateway.wiring import build_upstream
 
-    config = parse_config({"tenants": [tenant("acme", upstream.base_url)]}, {})
-    assert config.tenants[0].upstream.http_client == "aiohttp"
+    config = parse_config({"tenants": [tenant("acme", upstream.base_url, http_client="aiohttp")]}, {})
     assert isinstance(build_upstream(config.tenants[0]), AiohttpUpstream)
+    with pytest.raises(ConfigError, match=r"tenants\[0\]\.upstream: http_client 'httpx' was removed"):
+        parse_config({"tenants": [tenant("acme", upstream.base_url, http_client="httpx")]}, {})
 
 
 def test_non_stream_and_stream_equal_direct(gw: Gateway, upstream: Upstream) -> None:
@@ -125,8 +121,8 @@ def test_upstream_error_status_passes_through(gw: Gateway, upstream: Upstream, s
     assert caught.value.body == error
 
 
-def test_unreachable_upstream_is_502(make_gateway: Callable[..., Gateway], http_client: str) -> None:
-    gateway = make_gateway([tenant("acme", f"http://127.0.0.1:{free_port()}/v1", http_client=http_client)])
+def test_unreachable_upstream_is_502(make_gateway: Callable[..., Gateway]) -> None:
+    gateway = make_gateway([tenant("acme", f"http://127.0.0.1:{free_port()}/v1")])
     for stream in (False, True):
         with pytest.raises(openai.APIStatusError) as caught:
             gateway.client().chat.completions.create(model="m", messages=MESSAGES, stream=stream)  # type: ignore[call-overload]
@@ -137,10 +133,8 @@ def test_unreachable_upstream_is_502(make_gateway: Callable[..., Gateway], http_
     assert response.status_code == 502
 
 
-def test_slow_upstream_is_504(
-    upstream: Upstream, make_gateway: Callable[..., Gateway], http_client: str
-) -> None:
-    gateway = make_gateway([tenant("acme", upstream.base_url, timeout_seconds=0.3, http_client=http_client)])
+def test_slow_upstream_is_504(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, timeout_seconds=0.3)])
     upstream.fake.enqueue(Reply("late", delay=1.5))
     with pytest.raises(openai.APIStatusError) as caught:
         gateway.client().chat.completions.create(model="m", messages=MESSAGES)
@@ -148,10 +142,8 @@ def test_slow_upstream_is_504(
     assert caught.value.body["code"] == "upstream_timeout"  # type: ignore[index]
 
 
-def test_stalled_stream_times_out_in_band(
-    upstream: Upstream, make_gateway: Callable[..., Gateway], http_client: str
-) -> None:
-    gateway = make_gateway([tenant("acme", upstream.base_url, timeout_seconds=0.3, http_client=http_client)])
+def test_stalled_stream_times_out_in_band(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> None:
+    gateway = make_gateway([tenant("acme", upstream.base_url, timeout_seconds=0.3)])
     upstream.fake.enqueue(Reply("first then a long silence", chunk_delay=1.0))
     stream = gateway.client().chat.completions.create(model="m", messages=MESSAGES, stream=True)
     with pytest.raises(openai.APIError) as caught:
@@ -207,12 +199,10 @@ async def _gzipped(request: Request) -> Response:
     return Response(BLOB, media_type="application/json", headers={"content-encoding": "gzip"})
 
 
-def test_encoded_body_passes_through_byte_exact(
-    make_gateway: Callable[..., Gateway], http_client: str
-) -> None:
+def test_encoded_body_passes_through_byte_exact(make_gateway: Callable[..., Gateway]) -> None:
     app = Starlette(routes=[Route("/v1/files", _gzipped)])
     with BackgroundServer(app) as server:
-        gateway = make_gateway([tenant("acme", f"{server.url}/v1", http_client=http_client)])
+        gateway = make_gateway([tenant("acme", f"{server.url}/v1")])
         headers = {"Authorization": "Bearer sk-gw-acme", "Accept-Encoding": "gzip"}
         with httpx.stream("GET", f"{gateway.base_url}/files", headers=headers) as response:
             raw = b"".join(response.iter_raw())
@@ -302,9 +292,7 @@ def test_aiohttp_retries_a_request_on_a_stale_pooled_connection(
     closing_server: _OneRequestPerConnection, make_gateway: Callable[..., Gateway]
 ) -> None:
     port = closing_server.server_address[1]
-    gateway = make_gateway(
-        [tenant("acme", f"http://127.0.0.1:{port}/v1", http_client="aiohttp", store_conversations=False)]
-    )
+    gateway = make_gateway([tenant("acme", f"http://127.0.0.1:{port}/v1", store_conversations=False)])
     client = gateway.client()
     for _ in range(3):
         assert client.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content == "ok"
@@ -331,7 +319,7 @@ def test_aiohttp_does_not_retry_on_a_fresh_connection(make_gateway: Callable[...
     threading.Thread(target=serve, daemon=True).start()
     try:
         port = listener.getsockname()[1]
-        gateway = make_gateway([tenant("acme", f"http://127.0.0.1:{port}/v1", http_client="aiohttp")])
+        gateway = make_gateway([tenant("acme", f"http://127.0.0.1:{port}/v1")])
         with pytest.raises(openai.APIStatusError) as caught:
             gateway.client().chat.completions.create(model="m", messages=MESSAGES)
         assert caught.value.status_code == 502

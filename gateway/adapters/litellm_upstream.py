@@ -2,7 +2,7 @@
 
 The pipeline hands over an OpenAI request and gets OpenAI wire bytes back (one JSON object, or SSE chunk
 frames ending in `[DONE]`), so nothing past this module can tell it from the byte pass-through in
-`http_upstream`. litellm is imported when the first such tenant is built (it costs seconds) and is kept
+`aiohttp_upstream`. litellm is imported when the first such tenant is built (it costs seconds) and is kept
 offline: it fetches no price list, beta-header table or tokenizer on its own.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.adapters.http_upstream import translate_error
+from gateway.adapters.httpx_errors import translate_error
 from gateway.adapters.litellm_wire import completion, frame
 from gateway.config import UpstreamConfig
 from gateway.errors import NotSupported, UpstreamError, UpstreamTimeout, UpstreamUnreachable

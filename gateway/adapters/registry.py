@@ -1,4 +1,4 @@
-"""Adapters by the config strings that name them: upstream clients, embedders and indexes, the shipped
+"""Adapters by the config strings that name them: upstreams, embedders and indexes, the shipped
 fakes registered beside the real ones (`embedder: {provider: fake}`, `storage.index: memory`), so a test
 or a demo runs the real server without a model or LanceDB. Each factory imports its adapter only when
 called: an unused adapter costs no memory."""
@@ -20,29 +20,15 @@ def _aiohttp(tenant: TenantConfig) -> Upstream:
     return AiohttpUpstream(tenant.name, tenant.upstream)
 
 
-def _httpx(tenant: TenantConfig) -> Upstream:
-    from gateway.adapters.http_upstream import HttpUpstream
-
-    return HttpUpstream(tenant.name, tenant.upstream)
-
-
 def _litellm(tenant: TenantConfig) -> Upstream:
     from gateway.adapters.litellm_upstream import LiteLLMUpstream
 
     return LiteLLMUpstream(tenant.name, tenant.upstream)
 
 
-# OpenAI-compatible upstreams by `upstream.http_client`; every other provider goes through litellm.
-HTTP_CLIENTS: Mapping[str, Callable[[TenantConfig], Upstream]] = {
-    "aiohttp": _aiohttp,
-    "httpx": _httpx,
-    "httpx-aiohttp": _httpx,
-}
-
-
 def upstream(tenant: TenantConfig) -> Upstream:
     if tenant.upstream.is_openai_compatible:
-        return HTTP_CLIENTS[tenant.upstream.http_client](tenant)
+        return _aiohttp(tenant)
     return _litellm(tenant)
 
 
