@@ -73,9 +73,17 @@ def capture(keep: Path, data: Path) -> list[dict[str, Any]]:
         return found
 
     def hooked_groups(
-        self: Any, build: Any, path: Any, positions: Any, ranked: Any, recent: Any, allowance: int, dates: Any
+        self: Any,
+        build: Any,
+        path: Any,
+        positions: Any,
+        ranked: Any,
+        recent: Any,
+        allowance: int,
+        dates: Any,
+        after: int | None = None,
     ) -> Any:
-        out = groups(self, build, path, positions, ranked, recent, allowance, dates)
+        out = groups(self, build, path, positions, ranked, recent, allowance, dates, after)
         # The builder may propose twice (its second pass): the last proposal is the one sent.
         records[-1].update(recent=sorted(recent), allowance=allowance, above=list(build.above))
         return out
