@@ -164,6 +164,8 @@ class Soak:
         log = self.workdir / f"{name}.log"
         self.logs.append(log)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "UPSTREAM_KEY": UPSTREAM_KEY}
+        if self.args.heap:  # gateway/heap_probe.py: tracemalloc, a snapshot on each SIGUSR2
+            env["GATEWAY_HEAP_SNAPSHOTS"] = str(self.workdir / "heap")
         process = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         self.processes.append(process)
         return process
@@ -328,11 +330,27 @@ class Soak:
 
     async def _sample_rss(self) -> None:
         started = time.monotonic()
+        # Heap snapshots (--heap): the baseline after a quarter of the load, then at five eighths and the end.
+        marks = [self.args.duration * f for f in (0.25, 0.625)] if self.args.heap else []
         while True:
-            self.rss.append(
-                {"t": round(time.monotonic() - started, 1), "kb": [rss_kb(p.pid) for _, p in self.gateways]}
-            )
+            elapsed = time.monotonic() - started
+            self.rss.append({"t": round(elapsed, 1), "kb": [rss_kb(p.pid) for _, p in self.gateways]})
+            if marks and elapsed >= marks[0]:
+                marks.pop(0)
+                self.heap_snapshot()
             await asyncio.sleep(5)
+
+    def heap_snapshot(self) -> None:
+        for _, process in self.gateways:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGUSR2)
+
+    def heap_diffs(self) -> dict[str, list[str]]:
+        """The snapshot files the gateways wrote, by name, the growth lines first."""
+        folder = self.workdir / "heap"
+        if not folder.exists():
+            return {}
+        return {f.name: f.read_text().splitlines()[:16] for f in sorted(folder.iterdir())}
 
     # -- checks -----------------------------------------------------------------------------------
 
@@ -438,6 +456,9 @@ def main() -> int:
     parser.add_argument("--jobs-timeout", type=float, default=600)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, store)")
+    parser.add_argument(
+        "--heap", action="store_true", help="heap snapshot diffs (tracemalloc) at 25/62.5/100 %%"
+    )
     args = parser.parse_args()
     if args.replicas > 1 and not args.postgres:
         parser.error("more than one replica needs --postgres (one SQLite file is not shared across hosts)")
@@ -450,6 +471,9 @@ def main() -> int:
         t0 = time.monotonic()
         asyncio.run(soak.run_load())
         load_time = time.monotonic() - t0
+        if args.heap:
+            soak.heap_snapshot()  # the end of the load: growth since the baseline
+            time.sleep(20)  # a snapshot of a large heap takes seconds; the files are read at the end
         jobs_started = time.monotonic()
         jobs = soak.wait_for_jobs(args.jobs_timeout)
         report["jobs_drain_seconds"] = round(time.monotonic() - jobs_started, 1)
@@ -458,6 +482,7 @@ def main() -> int:
         soak.stop()
         report["verify"] = soak.verify()
         report["secrets_in_logs"] = soak.secrets_in_logs()
+        report["heap"] = soak.heap_diffs()
     finally:
         soak.stop()
         with contextlib.suppress(Exception):
@@ -478,6 +503,7 @@ def main() -> int:
                 for kind, v in {**stats.latencies, "all": every}.items()
             },
             "rss_mb": [{"t": s["t"], "mb": [round(kb / 1024, 1) for kb in s["kb"]]} for s in soak.rss],
+            "rss_slope_mb_per_min_last_half": rss_slopes(soak.rss),
             "load_after": os.getloadavg()[0],
         }
     )
@@ -504,6 +530,24 @@ def main() -> int:
     return 0 if all(report["checks"].values()) else 1
 
 
+def rss_slopes(samples: list[dict[str, Any]]) -> list[float]:
+    """Each gateway's resident memory trend over the last half of the load, in MB a minute (least squares)."""
+    half = samples[len(samples) // 2 :]
+    if len(half) < 2:
+        return []
+    ts = [s["t"] / 60 for s in half]
+    mean_t = sum(ts) / len(ts)
+    spread = sum((t - mean_t) ** 2 for t in ts) or 1.0
+    slopes = []
+    for i in range(len(half[0]["kb"])):
+        mb = [s["kb"][i] / 1024 for s in half]
+        mean_mb = sum(mb) / len(mb)
+        slopes.append(
+            round(sum((t - mean_t) * (m - mean_mb) for t, m in zip(ts, mb, strict=True)) / spread, 3)
+        )
+    return slopes
+
+
 def print_report(report: dict[str, Any], stored: int, expected: int) -> None:
     lat = report["latency_ms"]
     print(
@@ -518,6 +562,11 @@ def print_report(report: dict[str, Any], stored: int, expected: int) -> None:
     if samples:
         warm = samples[len(samples) // 4]
         print(f"  RSS MB at {warm['t']} s: {warm['mb']}; at {samples[-1]['t']} s: {samples[-1]['mb']}")
+        print(f"  RSS slope over the last half, MB a minute: {report['rss_slope_mb_per_min_last_half']}")
+    for name, lines in report.get("heap", {}).items():
+        print(f"  heap {name}:")
+        for line in lines[:11]:
+            print(f"    {line}")
     print(f"  jobs after the load: {report['jobs']} (drained in {report['jobs_drain_seconds']} s)")
     print(f"  stored messages {stored}, distinct messages sent {expected}")
     print(

@@ -21,6 +21,7 @@ from gateway.cli_read import context, conversations, jobs, show, verify
 from gateway.collector import tune_for_serving
 from gateway.config import GatewayConfig
 from gateway.errors import ConfigError
+from gateway.heap_probe import install_from_env as heap_probe
 from gateway.telemetry.logs import configure as configure_logging
 
 
@@ -90,6 +91,7 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
     if workers == 1:
         app = create_app(config)
         tune_for_serving()
+        heap_probe()
         uvicorn.run(app, **options)
         return
     if config_path:  # each worker process reads the same file (worker_app)
@@ -105,6 +107,7 @@ def worker_app() -> ASGIApp:
     configure_logging(config.server.log_level, config.server.log_format)
     app = create_app(config)
     tune_for_serving()
+    heap_probe()
     return app
 
 
@@ -137,6 +140,7 @@ async def _work(config: GatewayConfig) -> None:
         loop.add_signal_handler(number, stop.set)
     deps = build_deps(config)
     tune_for_serving()
+    heap_probe()
     try:
         async with deps.workers.running():
             logging.getLogger("gateway.worker").info(
