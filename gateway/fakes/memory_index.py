@@ -3,37 +3,13 @@ isolation, text before vectors) with brute-force cosine and a small term-frequen
 
 from __future__ import annotations
 
-import math
-import re
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from gateway.errors import SearchIndexError
+from gateway.fakes.brute_force import Held, keyword, nearest, unit
 from gateway.records import IndexHit, IndexRow, SearchQuery, SearchResult
-from gateway.text import cjk_bigrams
-
-_TOKEN = re.compile(r"[^\W_]+")
-_COMPOUND = re.compile(r"[^\W_]+(?:[._\-/:@#]+[^\W_]+)+")
-# A few English stop words, as the real index drops them (it uses the full list).
-_STOP_WORDS = frozenset(
-    [
-        *("a", "an", "and", "are", "as", "at", "be", "but", "by", "did", "do", "for", "from", "had"),
-        *("has", "have", "i", "in", "is", "it", "of", "on", "or", "so", "that", "the", "this", "to"),
-        *("was", "we", "were", "what", "when", "where", "which", "who", "why", "with", "you"),
-    ]
-)
-
-
-def _tokens(text: str) -> list[str]:
-    # CJK runs as bigrams, as the real index reads them.
-    return [t for t in _TOKEN.findall(cjk_bigrams(text).lower()) if t not in _STOP_WORDS]
-
-
-def _unit(vector: Sequence[float]) -> list[float]:
-    norm = math.sqrt(sum(x * x for x in vector))
-    return [x / norm for x in vector] if norm else list(vector)
 
 
 def _aware(value: datetime) -> datetime:
@@ -41,19 +17,11 @@ def _aware(value: datetime) -> datetime:
 
 
 @dataclass(slots=True)
-class _Row:
-    row: IndexRow
-    tokens: list[str]
-    counts: Counter[str]
-    unit: list[float] | None
-
-
-@dataclass(slots=True)
 class MemoryIndex:
     """Rows in a dict keyed by id. `dimensions` None accepts vectors of any length (all the same)."""
 
     dimensions: int | None = None
-    rows: dict[str, _Row] = field(default_factory=dict)
+    rows: dict[str, Held[IndexRow]] = field(default_factory=dict)
 
     def _check(self, vector: Sequence[float]) -> None:
         if self.dimensions is not None and len(vector) != self.dimensions:
@@ -67,15 +35,11 @@ class MemoryIndex:
                 # gets the one given now.
                 if held.unit is None and row.vector is not None:
                     self._check(row.vector)
-                    held.row, held.unit = replace(held.row, vector=list(row.vector)), _unit(row.vector)
+                    held.row, held.unit = replace(held.row, vector=list(row.vector)), unit(row.vector)
                 continue
             if row.vector is not None:
                 self._check(row.vector)
-            tokens = _tokens(row.text)
-            unit = _unit(row.vector) if row.vector is not None else None
-            self.rows[row.id] = _Row(
-                replace(row, created_at=_aware(row.created_at)), tokens, Counter(tokens), unit
-            )
+            self.rows[row.id] = Held.of(replace(row, created_at=_aware(row.created_at)), row.text, row.vector)
 
     async def set_vectors(self, tenant: str, vectors: dict[str, list[float]]) -> None:
         for row_id, vector in vectors.items():
@@ -83,7 +47,7 @@ class MemoryIndex:
             found = self.rows.get(row_id)
             if found is not None and found.row.tenant == tenant:
                 found.row = replace(found.row, vector=list(vector))
-                found.unit = _unit(vector)
+                found.unit = unit(vector)
 
     async def delete(
         self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None
@@ -110,37 +74,10 @@ class MemoryIndex:
         semantic: list[IndexHit] = []
         if query.vector is not None:
             self._check(query.vector)
-            unit = _unit(query.vector)
-            scored = [
-                (sum(a * b for a, b in zip(unit, f.unit, strict=True)), f) for f in candidates if f.unit
-            ]
-            scored.sort(key=lambda pair: pair[0], reverse=True)
-            semantic = [_hit(f.row, score) for score, f in scored[: query.limit]]
-        return SearchResult(semantic, self._keyword(query, candidates))
-
-    def _keyword(self, query: SearchQuery, candidates: list[_Row]) -> list[IndexHit]:
-        terms = list(dict.fromkeys(_tokens(query.text)))
-        if not terms:
-            return []
-        # BM25 without length normalisation; document frequencies over the tenant's rows, as Lance's
-        # per-index statistics would roughly give.
+            semantic = [_hit(row, score) for score, row in nearest(query.vector, candidates, query.limit)]
         tenant_rows = [f for f in self.rows.values() if f.row.tenant == query.tenant]
-        total = len(tenant_rows)
-        frequency = {t: sum(1 for f in tenant_rows if t in f.counts) for t in terms}
-        weight = {t: math.log(1 + (total - frequency[t] + 0.5) / (frequency[t] + 0.5)) for t in terms}
-        phrases = [_tokens(chunk) for chunk in dict.fromkeys(_COMPOUND.findall(query.text))]
-        scored: list[tuple[float, _Row]] = []
-        for found in candidates:
-            score = sum(
-                found.counts[t] / (found.counts[t] + 1.2) * weight[t] for t in terms if t in found.counts
-            )
-            for phrase in phrases:  # the whole identifier counts again, like the adapter's phrase clauses
-                if phrase and _contains(found.tokens, phrase):
-                    score += sum(weight.get(t, 0.0) for t in phrase)
-            if score > 0:
-                scored.append((score, found))
-        scored.sort(key=lambda pair: pair[0], reverse=True)
-        return [_hit(f.row, score) for score, f in scored[: query.limit]]
+        found = keyword(query.text, tenant_rows, candidates, query.limit)
+        return SearchResult(semantic, [_hit(row, score) for score, row in found])
 
     async def rows_of(self, tenant: str, conversation_id: str) -> list[tuple[str, bool]]:
         return [
@@ -171,11 +108,6 @@ def _in_range(row: IndexRow, query: SearchQuery) -> bool:
     return (query.since is None or row.created_at >= _aware(query.since)) and (
         query.until is None or row.created_at <= _aware(query.until)
     )
-
-
-def _contains(tokens: list[str], phrase: list[str]) -> bool:
-    width = len(phrase)
-    return any(tokens[i : i + width] == phrase for i in range(len(tokens) - width + 1))
 
 
 def _hit(row: IndexRow, score: float) -> IndexHit:

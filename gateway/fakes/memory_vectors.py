@@ -3,22 +3,13 @@ tenant, user and scope filters) with brute-force cosine and the message fake's k
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from gateway.errors import SearchIndexError
-from gateway.fakes.memory_index import _COMPOUND, _aware, _contains, _tokens, _unit
+from gateway.fakes.brute_force import Held, keyword, nearest
+from gateway.fakes.memory_index import _aware
 from gateway.memory.records import MemoryHit, MemoryQuery, MemoryRow, MemorySearchResult
-
-
-@dataclass(slots=True)
-class _Held:
-    row: MemoryRow
-    tokens: list[str]
-    counts: Counter[str]
-    unit: list[float] | None
 
 
 @dataclass(slots=True)
@@ -27,7 +18,7 @@ class InMemoryMemoryVectors:
     of any length (all the same)."""
 
     dimensions: int | None = None
-    rows: dict[tuple[str, str], _Held] = field(default_factory=dict)
+    rows: dict[tuple[str, str], Held[MemoryRow]] = field(default_factory=dict)
 
     def _check(self, vector: Sequence[float]) -> None:
         if self.dimensions is not None and len(vector) != self.dimensions:
@@ -38,11 +29,9 @@ class InMemoryMemoryVectors:
             if row.vector is not None:
                 self._check(row.vector)
         for row in rows:
-            tokens = _tokens(row.text)
-            unit = _unit(row.vector) if row.vector is not None else None
             vector = list(row.vector) if row.vector is not None else None
             held = replace(row, created_at=_aware(row.created_at), vector=vector)
-            self.rows[(row.tenant, row.id)] = _Held(held, tokens, Counter(tokens), unit)
+            self.rows[(row.tenant, row.id)] = Held.of(held, row.text, row.vector)
 
     async def delete(self, tenant: str, memory_ids: Sequence[str]) -> None:
         for memory_id in memory_ids:
@@ -67,37 +56,10 @@ class InMemoryMemoryVectors:
         semantic: list[MemoryHit] = []
         if query.vector is not None:
             self._check(query.vector)
-            unit = _unit(query.vector)
-            scored = [
-                (sum(a * b for a, b in zip(unit, h.unit, strict=True)), h) for h in candidates if h.unit
-            ]
-            scored.sort(key=lambda pair: pair[0], reverse=True)
-            semantic = [_hit(h.row, score) for score, h in scored[: query.limit]]
-        return MemorySearchResult(semantic, self._keyword(query, candidates))
-
-    def _keyword(self, query: MemoryQuery, candidates: list[_Held]) -> list[MemoryHit]:
-        terms = list(dict.fromkeys(_tokens(query.text)))
-        if not terms:
-            return []
-        # BM25 without length normalisation, as the message fake; document frequencies over the tenant's
-        # rows, roughly what Lance's index statistics give.
+            semantic = [_hit(row, score) for score, row in nearest(query.vector, candidates, query.limit)]
         tenant_rows = [h for h in self.rows.values() if h.row.tenant == query.tenant]
-        total = len(tenant_rows)
-        frequency = {t: sum(1 for h in tenant_rows if t in h.counts) for t in terms}
-        weight = {t: math.log(1 + (total - frequency[t] + 0.5) / (frequency[t] + 0.5)) for t in terms}
-        phrases = [_tokens(chunk) for chunk in dict.fromkeys(_COMPOUND.findall(query.text))]
-        scored: list[tuple[float, _Held]] = []
-        for held in candidates:
-            score = sum(
-                held.counts[t] / (held.counts[t] + 1.2) * weight[t] for t in terms if t in held.counts
-            )
-            for phrase in phrases:  # the whole identifier counts again, like the adapter's phrase clauses
-                if phrase and _contains(held.tokens, phrase):
-                    score += sum(weight.get(t, 0.0) for t in phrase)
-            if score > 0:
-                scored.append((score, held))
-        scored.sort(key=lambda pair: pair[0], reverse=True)
-        return [_hit(h.row, score) for score, h in scored[: query.limit]]
+        found = keyword(query.text, tenant_rows, candidates, query.limit)
+        return MemorySearchResult(semantic, [_hit(row, score) for score, row in found])
 
     async def count(self, tenant: str, user_id: str | None = None) -> int:
         return sum(
