@@ -40,7 +40,7 @@ from gateway.pipeline.history_memo import HistoryMemo
 from gateway.pipeline.identify import explicit_identity
 from gateway.pipeline.ingest import IngestStep
 from gateway.pipeline.persist import PersistStep
-from gateway.pipeline.steps import ChatPipeline, CompleteStep, PrepareStep
+from gateway.pipeline.steps import ChatPipeline, PrepareStep
 from gateway.ports import (
     Embedder,
     EpochStore,
@@ -124,31 +124,20 @@ def build_pipeline(
     index: IndexTarget | None = None,
     memory: tuple[MemoryStore, MemoryTarget] | None = None,
 ) -> ChatPipeline:
-    store, summaries, tokenizers, counters = (
-        shared.store,
-        shared.summaries,
-        shared.tokenizers,
-        shared.counters,
-    )
-    catalog, clock, jobs, epochs = shared.catalog, shared.clock, shared.jobs, shared.epochs
-    memo = shared.history_memo_messages
-    history_memo = HistoryMemo(memo) if memo else None
-    unanswered_index_seconds = shared.unanswered_index_seconds
     if not tenant.store_conversations:
-        return ChatPipeline(counters)  # a pure proxy: nothing stored, nothing rewritten
+        return ChatPipeline(shared.counters)  # a pure proxy: nothing stored, nothing rewritten
     context = tenant.context
-    coverage = context.budget_tokens if context.enabled else 0
+    memo = shared.history_memo_messages
     prepare: list[PrepareStep] = [
         IngestStep(
-            store,
-            tokenizers,
-            tenant.identity,
-            coverage,
-            history_memo,
-            unanswered_index_seconds if index is not None else None,
+            store=shared.store,
+            tokenizers=shared.tokenizers,
+            identity=tenant.identity,
+            coverage_tokens=context.budget_tokens if context.enabled else 0,
+            memo=HistoryMemo(memo) if memo else None,
+            unanswered_index_seconds=shared.unanswered_index_seconds if index is not None else None,
         )
     ]
-    policy = None
     if memory is not None:
         prepare.append(MemoryScopeStep(tenant.memory))
         # Before the builder, so the budget counts the tool's definition.
@@ -159,43 +148,79 @@ def build_pipeline(
     if context.enabled and embedder is not None:
         # The question is embedded while the request is stored: the retrieval and memory sections pick
         # it up.
-        will_remember = _will_remember(tenant.memory) if memory is not None else None
-        prepare.insert(0, QuestionPrefetch(embedder, context.budget_tokens, will_remember))
-    if context.enabled:
-        # Priority order: the summary, then retrieved history (which asks for more room when the
-        # question is about the past); the recent window is built in.
-        # The stable block (pinned per epoch), then the volatile tail before the question (design.md
-        # section 14), each in priority order; the window is built in.
-        stable: list[StableSection] = [SummarySection(summaries, tenant.compaction.summary_tokens)]
-        tail: list[Section] = []
-        if index is not None:
-            tail.append(RetrievalSection(index.index, index.embedder, store, tenant.retrieval, clock, jobs))
-        always: frozenset[str] = frozenset()
-        if memory is not None:
-            memory_section = partial(
-                MemorySection, memory[0], memory[1].vectors, memory[1].embedder, tenant.memory, store
-            )
-            parts = [memory_section("standing", "memory"), memory_section("relevant", "memory_relevant")]
-            stable.append(parts[0])
-            tail.append(parts[1])  # the lowest priority when cutting (design.md §4)
-            always = frozenset(p.name for p in parts)
-        prepare.append(ContextBuilder(context, tokenizers, catalog, stable, tail, epochs, always))
-    if compacts(tenant):
-        policy = CompactionPolicy.for_tenant(context, tenant.compaction)
-    delay = tenant.memory.extract_delay_seconds if memory is not None and learns(tenant) else None
-    complete: list[CompleteStep] = [
-        PersistStep(
-            store,
-            tokenizers,
-            policy,
-            index=index is not None,
-            extract_delay=delay,
-            titles=delay is not None and tenant.memory.recent_conversations > 0,
-            counters=counters,
-            ledger=PrefixLedger(clock=lambda: clock().timestamp()),
+        prepare.insert(
+            0,
+            QuestionPrefetch(
+                embedder=embedder,
+                budget_tokens=context.budget_tokens,
+                remembers=_will_remember(tenant.memory) if memory is not None else None,
+            ),
         )
-    ]
-    return ChatPipeline(counters, prepare, complete)
+    if context.enabled:
+        prepare.append(_builder(tenant, shared, index, memory))
+    delay = tenant.memory.extract_delay_seconds if memory is not None and learns(tenant) else None
+    clock = shared.clock
+    persist = PersistStep(
+        store=shared.store,
+        tokenizers=shared.tokenizers,
+        compaction=CompactionPolicy.for_tenant(context, tenant.compaction) if compacts(tenant) else None,
+        index=index is not None,
+        extract_delay=delay,
+        titles=delay is not None and tenant.memory.recent_conversations > 0,
+        counters=shared.counters,
+        ledger=PrefixLedger(clock=lambda: clock().timestamp()),
+    )
+    return ChatPipeline(shared.counters, prepare, [persist])
+
+
+def _builder(
+    tenant: TenantConfig,
+    shared: Shared,
+    index: IndexTarget | None,
+    memory: tuple[MemoryStore, MemoryTarget] | None,
+) -> ContextBuilder:
+    """The stable block (pinned per epoch), then the volatile tail before the question (design.md
+    section 14), each in priority order; the recent window is built in."""
+    stable: list[StableSection] = [SummarySection(shared.summaries, tenant.compaction.summary_tokens)]
+    tail: list[Section] = []
+    if index is not None:
+        tail.append(
+            RetrievalSection(
+                index=index.index,
+                embedder=index.embedder,
+                store=shared.store,
+                config=tenant.retrieval,
+                clock=shared.clock,
+                jobs=shared.jobs,
+            )
+        )
+    always: frozenset[str] = frozenset()
+    if memory is not None:
+        memories, target = memory
+        memory_section = partial(
+            MemorySection,
+            memories=memories,
+            vectors=target.vectors,
+            embedder=target.embedder,
+            config=tenant.memory,
+            conversations=shared.store,
+        )
+        parts = [
+            memory_section(part="standing", name="memory"),
+            memory_section(part="relevant", name="memory_relevant"),
+        ]
+        stable.append(parts[0])
+        tail.append(parts[1])  # the lowest priority when cutting (design.md §4)
+        always = frozenset(p.name for p in parts)
+    return ContextBuilder(
+        config=tenant.context,
+        tokenizers=shared.tokenizers,
+        catalog=shared.catalog,
+        stable=stable,
+        tail=tail,
+        epochs=shared.epochs,
+        always=always,
+    )
 
 
 def _will_remember(config: MemoryConfig) -> Callable[[ChatCall], bool]:
@@ -299,18 +324,18 @@ def build_deps(
     body_memo = config.storage.body_memo_bytes
     tenants = TenantRegistry(
         Tenant(
-            t.name,
-            t,
-            upstreams[t.name],
-            build_pipeline(
+            name=t.name,
+            config=t,
+            upstream=upstreams[t.name],
+            pipeline=build_pipeline(
                 t,
                 shared,
                 index=indexes.get(t.name),
                 memory=(memories, memory[t.name]) if t.name in memory else None,
             ),
-            build_messages_upstream(t),
-            rate_limiter(t),
-            BodyMemo(body_memo, shared.counters) if body_memo else None,
+            messages=build_messages_upstream(t),
+            limiter=rate_limiter(t),
+            bodies=BodyMemo(body_memo, shared.counters) if body_memo else None,
         )
         for t in config.tenants
     )
