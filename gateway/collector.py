@@ -1,12 +1,7 @@
-"""The garbage collector's settings for a serving process (`context-gateway serve`).
-
-Measured (BENCHMARKS.md, issue 16): at 32 connections over 1,000-message conversations a gateway holds
-about 326,000 objects the collector tracks (each cached conversation's nodes and keyword postings,
-each request's history items), and a request's own objects live about a second under that load, so
-they outlived CPython's young generations (700 allocations) and set off a full collection every few
-seconds: 27 full collections took 6.4 s of a 90-second run, the whole process stopped ~235 ms each
-time, and they freed 25 objects in all. Reference counting frees nearly everything here; the collector
-only has to find cycles, which it still does, less often.
+"""The garbage collector's settings for a serving process (`context-gateway serve`): a request's objects
+outlive CPython's young generations under load, and full collections then stopped the whole process for
+hundreds of milliseconds while freeing almost nothing (BENCHMARKS.md, issue 16); reference counting frees
+nearly everything here, and the collector still finds cycles, less often.
 """
 
 from __future__ import annotations
