@@ -40,3 +40,21 @@ def release_free_heap() -> bool:
     trim.restype = ctypes.c_int
     trim(0)
     return True
+
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter number
+MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas() -> bool:
+    """At most MALLOC_ARENAS glibc heaps for the process's threads (as MALLOC_ARENA_MAX=2 would): one per
+    thread, LanceDB's and ONNX Runtime's included, each kept its freed pages and grew the process without
+    end (BENCHMARKS.md, issue 29). False where there is no such call. Call first, before threads start."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_ARENA_MAX, MALLOC_ARENAS))

@@ -243,6 +243,18 @@ class WriteLock:
             self._tasks.release()
 
 
+# Each table handle's LanceDB caches (index data; manifests and file metadata). LanceDB's own defaults,
+# 6 GB and 1 GB a connection, keep what every write's new version brings: a gateway grew without end.
+INDEX_CACHE_BYTES = 48 * 2**20
+METADATA_CACHE_BYTES = 16 * 2**20
+
+
+def bounded_session() -> lancedb.Session:
+    return lancedb.Session(
+        index_cache_size_bytes=INDEX_CACHE_BYTES, metadata_cache_size_bytes=METADATA_CACHE_BYTES
+    )
+
+
 class LanceHandle:
     """The asyncio handle of one table, opened on first use in the loop that uses it."""
 
@@ -270,6 +282,7 @@ class LanceHandle:
                     self.uri,
                     read_consistency_interval=self._consistency,
                     storage_options=self._storage_options,
+                    session=bounded_session(),
                 )
                 self._table = await self._connection.open_table(self.name)
         return self._table
