@@ -235,6 +235,9 @@ class RetrievalConfig(_Frozen):
     other_conversations: bool = False
     # Messages one embed job indexes (three texts each); a longer stretch becomes several jobs.
     index_batch_messages: int = Field(default=64, ge=1)
+    # Embed the two views with neighbours too (each message's own view always is); off, they are found
+    # by keyword only and a history is embedded in a sixth of the model's work.
+    neighbour_vectors: bool = True
 
 
 class MemoryConfig(_Frozen):

@@ -267,7 +267,14 @@ async def verify(
                     progress(name, done)
 
             results.append(
-                await verify_tenant(name, deps.store, deps.jobs, target.index if target else None, step)
+                await verify_tenant(
+                    name,
+                    deps.store,
+                    deps.jobs,
+                    target.index if target else None,
+                    step,
+                    neighbour_vectors=target is None or target.neighbour_vectors,
+                )
             )
         return results
     finally:

@@ -277,7 +277,12 @@ def build_indexes(config: GatewayConfig, embedders: Embedders) -> dict[str, Inde
             spec = registry.IndexSpec(config, table, embedder.dimensions)
             # Opened by its first use, not now: an idle gateway holds no LanceDB (lazy_index.py).
             indexes[table] = LazyVectorIndex(partial(registry.message_index, spec))
-        targets[tenant.name] = IndexTarget(embedder, indexes[table], tenant.retrieval.index_batch_messages)
+        targets[tenant.name] = IndexTarget(
+            embedder,
+            indexes[table],
+            tenant.retrieval.index_batch_messages,
+            neighbour_vectors=tenant.retrieval.neighbour_vectors,
+        )
     return targets
 
 

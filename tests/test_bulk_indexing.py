@@ -26,6 +26,7 @@ from gateway.jobs.embed import (
     IndexTarget,
 )
 from gateway.records import EMBED, AppendRequest, EmbedWork, IndexBacklog, NewMessage, embed_key_prefix
+from gateway.verify import verify_tenant
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
 
 # The model and LanceDB are what these tests are about.
@@ -96,6 +97,51 @@ def test_a_long_stretch_is_indexed_in_bounded_jobs_texts_then_alone_then_with_ne
             assert len(views) == 300 + 299 + 299
             assert not await backlog()
             assert (await store.jobs.counts())["failed"] == 0
+        finally:
+            await store.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_without_neighbour_vectors_only_each_messages_own_view_is_embedded(database_url: str) -> None:
+    """`retrieval.neighbour_vectors: false`: a long stretch and a later exchange are embedded one text a
+    message; the views with neighbours are written as texts (found by keyword) and no pass is left."""
+
+    async def scenario() -> None:
+        store = SqlStore.open(database_url)
+        try:
+            messages = chain(300)
+            conversation_id = await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
+            embedder, index = HashingEmbedder(16), MemoryIndex()
+            target = IndexTarget(embedder, index, batch_messages=50, neighbour_vectors=False)
+            handler = EmbedHandler(store, {"acme": target}.get, store.jobs)
+
+            async def run_jobs() -> None:
+                while jobs := await store.jobs.lease("w", [EMBED], 60):
+                    await handler(jobs[0])
+                    assert await store.jobs.complete(jobs[0], "w")
+
+            await store.jobs.enqueue(EmbedWork(conversation_id, messages[-1].id, 300).job("acme"))
+            await run_jobs()
+            # 300 texts, 150 a job (the bound is three views of 50 messages), and nothing after them.
+            assert [len(call) for call in embedder.calls] == [150, 150]
+            exchange = chain(302)[300:]
+            await store.append(AppendRequest("acme", conversation_id, "u1", None, tuple(exchange)))
+            await store.jobs.enqueue(EmbedWork(conversation_id, exchange[-1].id, 2).job("acme"))
+            await run_jobs()
+            assert len(embedder.calls[-1]) == 2  # the exchange: its two messages' own views
+            held = {(r.row.node_id, r.row.view): r.unit is not None for r in index.rows.values()}
+            assert len(held) == 302 + 301 + 301  # every view is there, by keyword at least
+            assert all(has for (_, view), has in held.items() if view == "m")
+            assert not any(has for (_, view), has in held.items() if view != "m")
+            pending = await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme")
+            assert not IndexBacklog.of(pending)
+            # `verify` asks vectors of the own views only; with the setting on, the others would be owed.
+            verified = await verify_tenant("acme", store, store.jobs, index, neighbour_vectors=False)
+            # (This chain's ids are not chain hashes: only the index's part is read.)
+            assert verified.index_rows == 904 and verified.rows_without_vector == 0
+            strict = await verify_tenant("acme", store, store.jobs, index)
+            assert strict.rows_without_vector == 602
         finally:
             await store.aclose()
 

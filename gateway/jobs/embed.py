@@ -48,6 +48,7 @@ class IndexTarget:
     embedder: Embedder
     index: VectorIndex
     batch_messages: int = DEFAULT_BATCH_MESSAGES  # messages one job embeds (three texts each)
+    neighbour_vectors: bool = True  # off: the views with neighbours are written as texts, no vectors
 
 
 def index_rows(tenant: str, user_id: str | None, path: Sequence[StoredMessage], count: int) -> list[IndexRow]:
@@ -126,13 +127,18 @@ class EmbedHandler:
     async def _embed(self, tenant: str, target: IndexTarget, work: EmbedWork) -> None:
         """Embed the newest views of the stretch that one job holds; queue the rest."""
         views = _VIEWS.get(work.mode) if work.then is not None or work.mode == "context" else None
+        if not target.neighbour_vectors:
+            if work.mode == "context":
+                return  # queued before the setting was turned off
+            views = _VIEWS["vectors"]
         # A job's bound is in texts: three views a message, or as many messages again when it embeds fewer.
         count = min(work.count, target.batch_messages * 3 // len(views or _ALL_VIEWS))
         found = await self._read(tenant, work, count)
         if found is None:
             return  # deleted meanwhile
         path, conversation_id, user_id = found
-        rows = [r for r in index_rows(tenant, user_id, path, count) if views is None or r.view in views]
+        every_view = index_rows(tenant, user_id, path, count)
+        rows = [r for r in every_view if views is None or r.view in views]
         count = _within_chars(rows, path, count)
         if work.mode == "all" and work.count > count:
             # Too large for one job (many messages, or long ones): every message findable by keyword
@@ -144,22 +150,31 @@ class EmbedHandler:
             return
         kept = {m.node.id for m in path[len(path) - count :]}
         rows = [r for r in rows if _owner(r) in kept]
+        # Without neighbour vectors, an exchange's other views still go in, as texts (found by keyword).
+        texts_only = (
+            [r for r in every_view if r.view not in _VIEWS["vectors"] and _owner(r) in kept]
+            if work.mode == "all" and not target.neighbour_vectors
+            else []
+        )
         if rows:
             try:
                 vectors = await target.embedder.embed([r.text for r in rows])
             except EmbeddingError:
                 if work.mode == "all":
-                    await target.index.add(rows)  # findable by keyword meanwhile; the retry adds vectors
+                    await target.index.add([*rows, *texts_only])  # by keyword meanwhile; a retry embeds
                 raise
             # One write per batch (each write is a new table version and fragment, see lance_index); it
             # also fills in the vectors of rows whose texts were written first.
-            await target.index.add([replace(r, vector=v) for r, v in zip(rows, vectors, strict=True)])
+            embedded = [replace(r, vector=v) for r, v in zip(rows, vectors, strict=True)]
+            await target.index.add([*embedded, *texts_only])
+        elif texts_only:
+            await target.index.add(texts_only)
         if await self._deleted(tenant, target, conversation_id):
             return
         if work.count > count:
             rest = replace(work, leaf_id=path[-count - 1].node.id, count=work.count - count)
             await self.queue.enqueue(rest.job(tenant))
-        elif work.mode == "vectors" and work.then is not None:
+        elif work.mode == "vectors" and work.then is not None and target.neighbour_vectors:
             await self.queue.enqueue(EmbedWork(conversation_id, *work.then, "context").job(tenant))
 
     async def _absorb(self, job: Job, work: EmbedWork) -> EmbedWork:
