@@ -1,7 +1,8 @@
 """Resident memory of a LanceDB message index under a steady stream of small writes and searches, as a
 long-running gateway makes them: LanceDB's default caches against the bounded ones the adapter now opens
 its connection with (gateway/adapters/lance_table.py, INDEX_CACHE_BYTES and METADATA_CACHE_BYTES), and
-those with glibc's heaps limited to two (`arenas`: gateway/collector.py, limit_malloc_arenas).
+those with glibc's heaps limited to two (`arenas`: gateway/collector.py, tune_malloc), and those
+with glibc's free pages returned every TRIM_EVERY rounds (`trim`: collector.release_free_heap).
 
     python benchmarks/lance_memory.py --rounds 1500       # the three, one after the other, fresh processes
 
@@ -53,6 +54,7 @@ WORDS = [
     "canary",
 ]
 DIMENSIONS = 384
+TRIM_EVERY = 50  # rounds between malloc_trim calls in the `trim` variant
 
 
 def rss_mb() -> float:
@@ -72,15 +74,18 @@ def slope(samples: list[tuple[int, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / spread
 
 
-async def run(rounds: int, every: int, default_caches: bool, arenas: bool) -> list[tuple[int, float]]:
+async def run(
+    rounds: int, every: int, default_caches: bool, arenas: bool, trim: bool = False
+) -> list[tuple[int, float]]:
     if arenas:
-        from gateway.collector import limit_malloc_arenas
+        from gateway.collector import tune_malloc
 
-        limit_malloc_arenas()
+        tune_malloc()
     import lancedb
 
     from gateway.adapters import lance_table
     from gateway.adapters.lance_index import LanceIndex
+    from gateway.collector import release_free_heap
     from gateway.records import IndexRow, SearchQuery
 
     if default_caches:
@@ -118,6 +123,8 @@ async def run(rounds: int, every: int, default_caches: bool, arenas: bool) -> li
             query = SearchQuery("t", text(), vector(), 20, conversation_id=conversation)
             await index.prepare(query)
             await index.search(query)
+            if trim and r % TRIM_EVERY == 0:
+                release_free_heap()
             if r % every == 0:
                 samples.append((r, rss_mb()))
                 print(f"  round {r}: {samples[-1][1]:.0f} MB", flush=True)
@@ -132,17 +139,27 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3000)
     parser.add_argument("--every", type=int, default=250)
     parser.add_argument(
-        "--variant", choices=["bounded", "default", "arenas"], default=None, help="run one, in this process"
+        "--variant",
+        choices=["bounded", "default", "arenas", "trim"],
+        default=None,
+        help="run one, in this process",
     )
+    parser.add_argument("--variants", default="default,bounded,arenas,trim", help="which to run, in order")
     args = parser.parse_args()
     if args.variant:
         samples = asyncio.run(
-            run(args.rounds, args.every, args.variant == "default", args.variant == "arenas")
+            run(
+                args.rounds,
+                args.every,
+                args.variant == "default",
+                args.variant in ("arenas", "trim"),
+                args.variant == "trim",
+            )
         )
         print(f"{args.variant}: {samples[-1][1]:.0f} MB after {args.rounds} rounds, "
               f"slope over the last half {slope(samples):+.1f} MB per 1,000 rounds")  # fmt: skip
         return 0
-    for variant in ("default", "bounded", "arenas"):
+    for variant in args.variants.split(","):
         print(f"{variant}:", flush=True)
         argv = [sys.executable, __file__, "--rounds", str(args.rounds), "--every", str(args.every)]
         subprocess.run([*argv, "--variant", variant], check=True)

@@ -3,11 +3,14 @@
     python benchmarks/soak.py --duration 600 --rate 12                 # the RELIABILITY.md soak (SQLite)
     python benchmarks/soak.py --duration 60 --rate 8 --out r.json       # the short one CI runs
     python benchmarks/soak.py --replicas 3 --postgres --closed 24 --duration 60   # scale-out throughput
+    python benchmarks/soak.py --duration 600 --rate 3 --worker          # jobs in `context-gateway worker`
 
 What runs (127.0.0.1 only): the fake upstream (`benchmarks/fake_upstream_server.py`: it echoes the
 question, writes summaries and answers memory calls), and `--replicas` gateway processes started through
 the real CLI (`python -m gateway serve`) on one store: SQLite by default, or a fresh schema on this
 machine's Postgres (`--postgres`; needed for more than one replica), one LanceDB directory shared by all.
+With `--worker`, the gateways run no jobs (`jobs.workers: 0`) and one `context-gateway worker` process
+runs them all.
 Every feature is on: storage, recognition, window, summaries (compaction every ~1,500 tokens), retrieval
 with the local MiniLM embedder, memory extraction and recall.
 
@@ -23,8 +26,8 @@ Afterwards: wait until every background job has run; read each conversation's st
 the REST API and compare it with what the client sent and received, message by message; count the
 tenant's stored messages against the distinct messages the clients made (every message exactly once);
 run `context-gateway verify` (trees, chain hashes, counts, index rows once per view with vectors, jobs);
-grep every log line for the upstream key and the gateway key. RSS of each gateway process is sampled
-every 5 s. Prints a report; `--out` writes it as JSON. Exit status 1 when a check fails.
+grep every log line for the upstream key and the gateway key. RSS of each gateway process (and of the
+worker) is sampled every 5 s, and each one's CPU time over the load is divided by the turns. Prints a report; `--out` writes it as JSON. Exit status 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -63,6 +66,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a live process so far (/proc/PID/stat), 0 once it is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
 
 
 def rss_kb(pid: int) -> int:
@@ -108,6 +119,7 @@ class Soak:
         self.stats = Stats()
         self.processes: list[subprocess.Popen[bytes]] = []
         self.gateways: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.worker: subprocess.Popen[bytes] | None = None  # --worker: the process that runs the jobs
         self.logs: list[Path] = []
         self.rss: list[dict[str, Any]] = []
         self.conversations = [
@@ -133,6 +145,9 @@ class Soak:
         self.config.write_text(json.dumps(self._config(upstream_port)))
         for n in range(self.args.replicas):
             self.gateways.append(self._gateway(f"gateway-{n}"))
+        if self.args.worker:
+            worker = [sys.executable, "-m", "gateway", "worker", "--config", str(self.config)]
+            self.worker = self._spawn(worker, "worker")
         deadline = time.monotonic() + 120
         for n in range(len(self.gateways)):
             retries = 3
@@ -187,7 +202,7 @@ class Soak:
                 "data_dir": str(self.workdir / "data"),
                 "index_uri": str(self.workdir / "lancedb"),  # one directory for every replica
             },
-            "jobs": {"workers": 2, "poll_seconds": 0.5},
+            "jobs": {"workers": 0 if self.args.worker else 2, "poll_seconds": 0.5},
             "tenants": [
                 {
                     "name": "soak",
@@ -334,11 +349,15 @@ class Soak:
         marks = [self.args.duration * f for f in (0.25, 0.625)] if self.args.heap else []
         while True:
             elapsed = time.monotonic() - started
-            self.rss.append({"t": round(elapsed, 1), "kb": [rss_kb(p.pid) for _, p in self.gateways]})
+            self.rss.append({"t": round(elapsed, 1), "kb": [rss_kb(p.pid) for p in self.measured()]})
             if marks and elapsed >= marks[0]:
                 marks.pop(0)
                 self.heap_snapshot()
             await asyncio.sleep(5)
+
+    def measured(self) -> list[subprocess.Popen[bytes]]:
+        """The processes whose memory and CPU are reported: each gateway, then the worker if any."""
+        return [p for _, p in self.gateways] + ([self.worker] if self.worker is not None else [])
 
     def heap_snapshot(self) -> None:
         for _, process in self.gateways:
@@ -457,6 +476,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, store)")
     parser.add_argument(
+        "--worker",
+        action="store_true",
+        help="jobs in a `context-gateway worker` process, none in the gateways",
+    )
+    parser.add_argument(
         "--heap", action="store_true", help="heap snapshot diffs (tracemalloc) at 25/62.5/100 %%"
     )
     args = parser.parse_args()
@@ -469,8 +493,12 @@ def main() -> int:
     try:
         soak.start()
         t0 = time.monotonic()
+        cpu_before = [cpu_seconds(p.pid) for p in soak.measured()]
         asyncio.run(soak.run_load())
         load_time = time.monotonic() - t0
+        cpu_load = [
+            cpu_seconds(p.pid) - before for p, before in zip(soak.measured(), cpu_before, strict=True)
+        ]
         if args.heap:
             soak.heap_snapshot()  # the end of the load: growth since the baseline
             time.sleep(20)  # a snapshot of a large heap takes seconds; the files are read at the end
@@ -504,6 +532,8 @@ def main() -> int:
             },
             "rss_mb": [{"t": s["t"], "mb": [round(kb / 1024, 1) for kb in s["kb"]]} for s in soak.rss],
             "rss_slope_mb_per_min_last_half": rss_slopes(soak.rss),
+            # Each process's CPU time during the load a turn (gateways, then the worker with --worker).
+            "cpu_ms_per_turn": [round(1000 * c / max(stats.turns, 1), 1) for c in cpu_load],
             "load_after": os.getloadavg()[0],
         }
     )
@@ -563,6 +593,8 @@ def print_report(report: dict[str, Any], stored: int, expected: int) -> None:
         warm = samples[len(samples) // 4]
         print(f"  RSS MB at {warm['t']} s: {warm['mb']}; at {samples[-1]['t']} s: {samples[-1]['mb']}")
         print(f"  RSS slope over the last half, MB a minute: {report['rss_slope_mb_per_min_last_half']}")
+    who = "gateways, then the worker" if report["args"]["worker"] == "True" else "gateways"
+    print(f"  CPU ms a turn during the load ({who}): {report['cpu_ms_per_turn']}")
     for name, lines in report.get("heap", {}).items():
         print(f"  heap {name}:")
         for line in lines[:11]:
