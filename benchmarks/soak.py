@@ -145,8 +145,11 @@ class Soak:
         self.config.write_text(json.dumps(self._config(upstream_port)))
         for n in range(self.args.replicas):
             self.gateways.append(self._gateway(f"gateway-{n}"))
-        if self.args.worker:
-            worker = [sys.executable, "-m", "gateway", "worker", "--config", str(self.config)]
+        if self.args.worker:  # the same config, with the job workers the gateways go without
+            worker_config = self.workdir / "worker.yaml"
+            settings = self._config(upstream_port, reuse_schema=True)
+            worker_config.write_text(json.dumps({**settings, "jobs": {**settings["jobs"], "workers": 2}}))
+            worker = [sys.executable, "-m", "gateway", "worker", "--config", str(worker_config)]
             self.worker = self._spawn(worker, "worker")
         deadline = time.monotonic() + 120
         for n in range(len(self.gateways)):
@@ -185,13 +188,14 @@ class Soak:
         self.processes.append(process)
         return process
 
-    def _config(self, upstream_port: int) -> dict[str, Any]:
+    def _config(self, upstream_port: int, reuse_schema: bool = False) -> dict[str, Any]:
         if self.args.postgres:
-            import psycopg
+            if not reuse_schema:
+                import psycopg
 
-            self.schema = f"soak_{uuid.uuid4().hex[:10]}"
-            with psycopg.connect(POSTGRES_URL.replace("+psycopg", ""), autocommit=True) as connection:
-                connection.execute(f'CREATE SCHEMA "{self.schema}"')
+                self.schema = f"soak_{uuid.uuid4().hex[:10]}"
+                with psycopg.connect(POSTGRES_URL.replace("+psycopg", ""), autocommit=True) as connection:
+                    connection.execute(f'CREATE SCHEMA "{self.schema}"')
             database_url = f"{POSTGRES_URL}?options=-csearch_path%3D{self.schema}"
         else:
             database_url = f"sqlite:///{self.workdir}/soak.db"

@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
-from gateway.collector import release_free_heap
+from gateway.collector import release_free_heap, trimming_heap
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.http.errors import handle_gateway_error, handle_http_exception
@@ -33,7 +33,7 @@ def create_app(config: GatewayConfig, deps: Deps | None = None) -> ASGIApp:
             release_free_heap()  # what building them freed, back to the system (collector.py)
         try:
             # The job workers run as long as the app does, whoever built the deps.
-            async with resources.workers.running():
+            async with resources.workers.running(), trimming_heap():
                 yield {"deps": resources}
         finally:
             if owned:

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp
 from gateway.cli_common import DEFAULT_UPSTREAM, default_config, resolve_config
 from gateway.cli_data import import_file, memories, reindex
 from gateway.cli_read import context, conversations, jobs, show, verify
-from gateway.collector import limit_malloc_arenas, tune_for_serving
+from gateway.collector import trimming_heap, tune_for_serving, tune_malloc
 from gateway.config import GatewayConfig
 from gateway.errors import ConfigError
 from gateway.heap_probe import install_from_env as heap_probe
@@ -50,7 +50,7 @@ for _command in (conversations, show, context, jobs, import_file, reindex, verif
 )
 def serve(config_path: str | None, host: str | None, port: int | None, workers: int) -> None:
     """Run the gateway."""
-    limit_malloc_arenas()  # before any thread allocates
+    tune_malloc()  # before any thread allocates
     import uvicorn
 
     from gateway.app import create_app
@@ -102,7 +102,7 @@ def serve(config_path: str | None, host: str | None, port: int | None, workers: 
 
 def worker_app() -> ASGIApp:
     """The app of each `serve --workers N` process, built from $GATEWAY_CONFIG (or the defaults)."""
-    limit_malloc_arenas()
+    tune_malloc()
     from gateway.app import create_app
 
     config = resolve_config(None)
@@ -120,7 +120,7 @@ def worker_app() -> ASGIApp:
 def worker(config_path: str | None) -> None:
     """Run the background jobs only, no HTTP (summaries, embedding, memory), on the same database and
     index as `serve`: give background work cores of its own and run the server with `jobs.workers: 0`."""
-    limit_malloc_arenas()
+    tune_malloc()
     try:
         config = resolve_config(config_path)
     except ConfigError as exc:
@@ -145,7 +145,7 @@ async def _work(config: GatewayConfig) -> None:
     tune_for_serving()
     heap_probe()
     try:
-        async with deps.workers.running():
+        async with deps.workers.running(), trimming_heap():
             logging.getLogger("gateway.worker").info(
                 "context-gateway worker: %d job workers on %s",
                 config.jobs.workers,

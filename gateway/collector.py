@@ -6,9 +6,12 @@ nearly everything here, and the collector still finds cycles, less often.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import gc
+from collections.abc import AsyncIterator
 
 # Allocations (less frees) before a young collection: a few hundred requests' objects, not a fraction
 # of one. The middle generation is collected every 20 of those, and the oldest after 10 of those and
@@ -42,14 +45,28 @@ def release_free_heap() -> bool:
     return True
 
 
-M_ARENA_MAX = -8  # glibc's mallopt parameter number
+# glibc's mallopt parameter numbers (malloc.h).
+# How often a serving process hands its C heap's free pages back (`trimming_heap`).
+TRIM_EVERY_SECONDS = 30.0
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 MALLOC_ARENAS = 2
+# Blocks this large or larger get pages of their own, returned to the system when freed. glibc's own
+# threshold starts at 128 KiB but rises to the largest block freed (up to 32 MiB), after which request
+# bodies, Arrow buffers and ONNX Runtime's tensors were carved out of the heap and left it fragmented:
+# the soak's heap grew by 500 MB in ten minutes (BENCHMARKS.md, issue 29). Setting it keeps it fixed.
+MMAP_THRESHOLD_BYTES = 256 * 1024
+# Free memory at the heap's top beyond this goes back to the system at once.
+TRIM_THRESHOLD_BYTES = 1024 * 1024
 
 
-def limit_malloc_arenas() -> bool:
-    """At most MALLOC_ARENAS glibc heaps for the process's threads (as MALLOC_ARENA_MAX=2 would): one per
-    thread, LanceDB's and ONNX Runtime's included, each kept its freed pages and grew the process without
-    end (BENCHMARKS.md, issue 29). False where there is no such call. Call first, before threads start."""
+def tune_malloc() -> bool:
+    """glibc's allocator set for a long-running process: at most MALLOC_ARENAS heaps for its threads (one
+    per thread, LanceDB's and ONNX Runtime's included, each kept its freed pages), large blocks in pages
+    of their own at a fixed threshold, and the heap's free top returned. False where there is no such
+    call (musl, macOS). Call first, before threads start (BENCHMARKS.md, issue 29)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
@@ -57,4 +74,30 @@ def limit_malloc_arenas() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_ARENA_MAX, MALLOC_ARENAS))
+    settings = (
+        (M_ARENA_MAX, MALLOC_ARENAS),
+        (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+        (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
+    )
+    return all([bool(mallopt(number, value)) for number, value in settings])
+
+
+@contextlib.asynccontextmanager
+async def trimming_heap(every_seconds: float = TRIM_EVERY_SECONDS) -> AsyncIterator[None]:
+    """While the block runs, `release_free_heap` every `every_seconds`, in a thread (ctypes lets go of the
+    interpreter meanwhile): glibc gives back only the heap's top on its own, and a serving process's heap
+    filled with free pages between live blocks (BENCHMARKS.md, issue 29)."""
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(every_seconds)
+            if not await asyncio.to_thread(release_free_heap):
+                return  # no malloc_trim here
+
+    task = asyncio.create_task(loop(), name="heap-trim")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
