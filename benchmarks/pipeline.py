@@ -166,7 +166,7 @@ def config_file(
         "data_dir": str(directory),
     }
     if memo_messages is not None:
-        storage["history_memo_messages"] = memo_messages
+        storage["history_memo_bytes"] = memo_messages * 1024  # ~1 KiB a message
     if not body_memo:
         storage["body_memo_bytes"] = 0
     tenant: dict[str, Any] = {

@@ -58,9 +58,9 @@ class StorageConfig(_Frozen):
     database_url: str = DEFAULT_DATABASE_URL
     data_dir: str = DEFAULT_DATA_DIR
     node_cache_size: int = Field(default=100_000, ge=0)
-    # Messages each process keeps of the histories its conversations last sent (a resent history is then
-    # hashed only where it is new); 0: off.
-    history_memo_messages: int = Field(default=50_000, ge=0)
+    # Bytes each process keeps, per tenant, of the histories its conversations last sent (a resent history
+    # is then hashed only where it is new; ~830 bytes a message of 400 characters); 0: off.
+    history_memo_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     # Bytes each process keeps, per tenant, of the large chat bodies its conversations last sent (a
     # resent history is then parsed only where it is new); 0: off.
     body_memo_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
@@ -74,6 +74,18 @@ class StorageConfig(_Frozen):
     # Where vectors and the full-text index live: "lancedb" (at index_uri), or "memory" (in the process,
     # lost at exit: for tests and demos).
     index: Literal["lancedb", "memory"] = "lancedb"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _memo_in_bytes(cls, data: object) -> object:
+        # history_memo_messages (a count) became history_memo_bytes; a count still reads, at 1 KB a message.
+        if isinstance(data, dict) and "history_memo_messages" in data:
+            if "history_memo_bytes" in data:
+                raise ValueError("history_memo_messages was replaced by history_memo_bytes: keep that one")
+            count = data["history_memo_messages"]
+            rest = {k: v for k, v in data.items() if k != "history_memo_messages"}
+            return {**rest, "history_memo_bytes": count * 1024 if isinstance(count, int) else count}
+        return data
 
     @property
     def index_location(self) -> str:

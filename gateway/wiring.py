@@ -113,7 +113,7 @@ class Shared:
     jobs: JobQueue | None = None
     clock: Callable[[], datetime] = utcnow
     epochs: EpochStore | None = None
-    history_memo_messages: int = 0  # per tenant; 0: no memo
+    history_memo_bytes: int = 0  # per tenant; 0: no memo
     unanswered_index_seconds: float = 300.0
 
 
@@ -127,7 +127,7 @@ def build_pipeline(
     if not tenant.store_conversations:
         return ChatPipeline(shared.counters)  # a pure proxy: nothing stored, nothing rewritten
     context = tenant.context
-    memo = shared.history_memo_messages
+    memo = shared.history_memo_bytes
     prepare: list[PrepareStep] = [
         IngestStep(
             store=shared.store,
@@ -391,7 +391,7 @@ def _shared(config: GatewayConfig, clock: Callable[[], datetime]) -> tuple[Share
         jobs=sql.jobs,
         clock=clock,
         epochs=summaries,
-        history_memo_messages=config.storage.history_memo_messages,
+        history_memo_bytes=config.storage.history_memo_bytes,
         unanswered_index_seconds=config.jobs.unanswered_index_seconds,
     )
     return shared, sql

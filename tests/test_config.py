@@ -89,6 +89,15 @@ def test_advanced_merges_into_the_sections_beside_it() -> None:
     assert (retrieval.embedder.provider, retrieval.embedder.batch_size) == ("fake", 8)
 
 
+def test_the_history_memos_old_count_still_reads_in_bytes() -> None:
+    data = minimal()
+    data["advanced"] = {"storage": {"history_memo_messages": 1000}}
+    assert parse_config(data, {}).storage.history_memo_bytes == 1000 * 1024
+    data["advanced"] = {"storage": {"history_memo_messages": 1000, "history_memo_bytes": 5}}
+    with pytest.raises(ConfigError, match="history_memo_messages was replaced by history_memo_bytes"):
+        parse_config(data, {})
+
+
 @pytest.mark.parametrize(
     ("advanced", "message"),
     [

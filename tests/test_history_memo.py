@@ -13,7 +13,14 @@ from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
 from gateway.config import IdentityConfig
 from gateway.pipeline.call import ChatCall, HistoryItem
 from gateway.pipeline.context.exchanges import newest_exchanges
-from gateway.pipeline.history_memo import HistoryMemo, Seen, common_prefix
+from gateway.pipeline.history_memo import (
+    MESSAGE_OVERHEAD_BYTES,
+    HistoryMemo,
+    Seen,
+    common_prefix,
+    message_bytes,
+    running_bytes,
+)
 from gateway.pipeline.ingest import IngestStep
 from gateway.ports import ChatPayload, JSONObject
 
@@ -40,23 +47,38 @@ def test_common_prefix_finds_the_first_difference() -> None:
 
 
 def seen(n: int, tag: str = "") -> Seen:
-    messages = [message("user", f"{tag}{i}") for i in range(n)]
-    return Seen(messages, [f"{i:032x}" for i in range(n)], [HistoryItem(m, 1) for m in messages])
+    """n messages of 570 bytes each as the memo counts them (70 characters + the overhead)."""
+    messages = [message("user", f"{tag}{i}".ljust(70, ".")) for i in range(n)]
+    hashes, items = [f"{i:032x}" for i in range(n)], [HistoryItem(m, 1) for m in messages]
+    return Seen(messages, hashes, items, running_bytes(None, 0, messages))
 
 
-def test_memo_is_bounded_by_messages_and_forgets_the_least_recently_used() -> None:
-    memo = HistoryMemo(max_messages=100)
+def test_memo_is_bounded_in_bytes_and_forgets_the_least_recently_used() -> None:
+    size = 70 + MESSAGE_OVERHEAD_BYTES
+    memo = HistoryMemo(max_bytes=100 * size)
     memo.keep("a", seen(40, "a"))
     memo.keep("b", seen(40, "b"))
     assert memo.recall("a", seen(40, "a").messages)[1] == 40  # a is now the most recently used
-    memo.keep("c", seen(40, "c"))  # 120 > 100: b goes
+    memo.keep("c", seen(40, "c"))  # 120 > 100 messages' worth: b goes
     assert memo.recall("b", [])[0] is None
     assert memo.recall("a", [])[0] is not None and memo.recall("c", [])[0] is not None
-    assert memo.messages_held == 80
+    assert memo.bytes_held == 80 * size
     memo.keep("a", seen(10, "a"))  # replaced, not added
-    assert memo.messages_held == 50
-    memo.keep("d", seen(101, "d"))  # longer than the whole memo: not kept, evicts nothing
+    assert memo.bytes_held == 50 * size
+    memo.keep("d", seen(101, "d"))  # larger than the whole memo: not kept, evicts nothing
     assert memo.recall("d", [])[0] is None and len(memo) == 2
+
+
+def test_a_message_counts_its_text_wherever_it_is_and_a_resent_prefix_is_not_counted_again() -> None:
+    text = {"role": "user", "content": "x" * 1000}
+    parts = {"role": "user", "content": [{"type": "text", "text": "y" * 500}, {"type": "image_url"}]}
+    call = {"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "z" * 300}}]}
+    assert [message_bytes(m) - MESSAGE_OVERHEAD_BYTES for m in (text, parts, call)] == [1000, 500, 300]
+    first = seen(3)
+    # Only the two new messages are counted; the three shared ones come from what was seen.
+    chain = [*first.messages, text, parts]
+    assert running_bytes(first, 3, chain) == [*first.running_bytes, first.bytes + 1430, first.bytes + 1430 + 930]
+    assert running_bytes(first, 1, chain[:1]) == first.running_bytes[:1]
 
 
 def scripted_requests() -> list[list[JSONObject]]:
@@ -104,7 +126,7 @@ async def ingest_all(tmp_path: Path, name: str, memo: HistoryMemo | None) -> lis
 
 
 def test_ingest_with_the_memo_equals_ingest_without_it(tmp_path: Path) -> None:
-    memo = HistoryMemo(max_messages=1_000)
+    memo = HistoryMemo(max_bytes=1_000_000)
     without = asyncio.run(ingest_all(tmp_path, "plain", None))
     with_memo = asyncio.run(ingest_all(tmp_path, "memo", memo))
     assert len(with_memo) == len(without)
@@ -114,12 +136,15 @@ def test_ingest_with_the_memo_equals_ingest_without_it(tmp_path: Path) -> None:
     # Token counts: the same wherever the plain step read them (the newest 600 tokens); the memo may know
     # older ones too (the request that stored a message counted it).
     tokens = [
-        [t for _, t, _ in o["items"]] for o in asyncio.run(ingest_all(tmp_path, "memo2", HistoryMemo(1_000)))
+        [t for _, t, _ in o["items"]]
+        for o in asyncio.run(ingest_all(tmp_path, "memo2", HistoryMemo(1_000_000)))
     ]
     for plain, known in zip(without, tokens, strict=True):
         assert all(p is None or p == k for p, k in zip([t for _, t, _ in plain["items"]], known, strict=True))
     assert without[59]["items"][-1][1] is not None and without[59]["items"][5][1] is None
-    assert len(memo) == 1 and memo.messages_held > 100  # it was used: the chat's newest chain is held
+    assert (
+        len(memo) == 1 and memo.bytes_held > 100 * MESSAGE_OVERHEAD_BYTES
+    )  # it was used: the chat's newest chain is held
 
 
 def test_newest_exchanges_walks_back_by_whole_exchanges() -> None:

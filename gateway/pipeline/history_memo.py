@@ -12,7 +12,8 @@ Chain hashes depend on content alone, so nothing the memo holds goes stale; a de
 hashes are simply not found in the store and the messages are stored again as new. Python's equality
 takes 1, 1.0 and true for one another, so two messages differing only in that way are taken for the same
 one (the first one seen is kept): JSON values a client would not swap between resends of one message.
-Bounded by the number of messages held; the conversations used least recently go first.
+Bounded in bytes (an estimate: each message's text plus what holding it costs, ~430 bytes measured with
+tracemalloc); the conversations used least recently go first.
 """
 
 from __future__ import annotations
@@ -24,15 +25,56 @@ from dataclasses import dataclass
 from gateway.pipeline.call import HistoryItem
 from gateway.ports import JSONObject
 
+# What holding one message costs besides its text: its dict, chain hash and history item (tracemalloc,
+# 200 chats of 100 messages: 830 bytes a message of 400 characters).
+MESSAGE_OVERHEAD_BYTES = 430
+
+
+def message_bytes(message: JSONObject) -> int:
+    """What the memo counts for one message: its text's length (string content, text parts, tool-call
+    arguments) plus MESSAGE_OVERHEAD_BYTES. Image data and other parts count by their text alone."""
+    size = MESSAGE_OVERHEAD_BYTES
+    content = message.get("content")
+    if isinstance(content, str):
+        size += len(content)
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict):
+                text = part.get("text")
+                size += len(text) if isinstance(text, str) else 0
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            size += len(arguments) if isinstance(arguments, str) else 0
+    return size
+
 
 @dataclass(frozen=True, slots=True)
 class Seen:
     """A conversation's chain (its messages after the leading system ones) as last sent, with the chain
-    hash and the history item of each message (the same length)."""
+    hash, the history item and the running total of `message_bytes` of each message (the same length)."""
 
     messages: Sequence[JSONObject]
     hashes: Sequence[str]
     items: Sequence[HistoryItem]
+    running_bytes: Sequence[int]
+
+    @property
+    def bytes(self) -> int:
+        return self.running_bytes[-1] if self.running_bytes else 0
+
+
+def running_bytes(before: Seen | None, shared: int, chain: Sequence[JSONObject]) -> list[int]:
+    """The running total of `message_bytes` over `chain`, taken from `before` for the `shared` messages
+    they begin with (counted once, when a message is new)."""
+    totals = list(before.running_bytes[:shared]) if before is not None else []
+    total = totals[-1] if totals else 0
+    for message in chain[len(totals) :]:
+        total += message_bytes(message)
+        totals.append(total)
+    return totals
 
 
 def common_prefix(old: Sequence[JSONObject], new: Sequence[JSONObject]) -> int:
@@ -52,10 +94,10 @@ def common_prefix(old: Sequence[JSONObject], new: Sequence[JSONObject]) -> int:
 
 
 class HistoryMemo:
-    def __init__(self, max_messages: int) -> None:
-        if max_messages < 0:
-            raise ValueError("max_messages must be at least 0")
-        self.max_messages = max_messages
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be at least 0")
+        self.max_bytes = max_bytes
         self._held = 0
         self._seen: OrderedDict[str, Seen] = OrderedDict()
 
@@ -63,7 +105,7 @@ class HistoryMemo:
         return len(self._seen)
 
     @property
-    def messages_held(self) -> int:
+    def bytes_held(self) -> int:
         return self._held
 
     def recall(self, key: str, messages: Sequence[JSONObject]) -> tuple[Seen | None, int]:
@@ -75,17 +117,17 @@ class HistoryMemo:
         return seen, common_prefix(seen.messages, messages)
 
     def keep(self, key: str, seen: Seen) -> None:
-        if len(seen.messages) > self.max_messages:
-            self.forget(key)  # longer than the whole memo: it would only push everything else out
+        if seen.bytes > self.max_bytes:
+            self.forget(key)  # larger than the whole memo: it would only push everything else out
             return
         self.forget(key)
         self._seen[key] = seen
-        self._held += len(seen.messages)
-        while self._held > self.max_messages:
+        self._held += seen.bytes
+        while self._held > self.max_bytes:
             _, oldest = self._seen.popitem(last=False)
-            self._held -= len(oldest.messages)
+            self._held -= oldest.bytes
 
     def forget(self, key: str) -> None:
         old = self._seen.pop(key, None)
         if old is not None:
-            self._held -= len(old.messages)
+            self._held -= old.bytes

@@ -19,7 +19,7 @@ from gateway.config import IdentityConfig
 from gateway.errors import ConversationDeleted
 from gateway.pipeline.call import CallState, ChatCall, HistoryItem
 from gateway.pipeline.canonical import chain_hashes, root_hash
-from gateway.pipeline.history_memo import HistoryMemo, Seen
+from gateway.pipeline.history_memo import HistoryMemo, Seen, running_bytes
 from gateway.pipeline.identify import Identity, explicit_identity
 from gateway.ports import ChatPayload, JSONObject, MessageStore, Tokenizer, Tokenizers
 from gateway.records import AppendRequest, Conversation, NewMessage, StoredNode, unanswered_embed_job
@@ -132,7 +132,8 @@ class IngestStep:
         state.appended = len(appended)
         await self._store(call, state, ident, conversation_id, appended)
         if found.key is not None and self.memo is not None and not state.thin:
-            self.memo.keep(found.key, Seen(chain, hashes, state.items[len(system) :]))
+            sizes = running_bytes(found.seen, found.shared, chain)
+            self.memo.keep(found.key, Seen(chain, hashes, state.items[len(system) :], sizes))
         last = appended[-1] if appended else parent
         if last is not None:
             state.leaf_id, state.leaf_depth = last.id, last.depth
