@@ -105,6 +105,7 @@ class IndexSpec:
 
 def _lance_index(spec: IndexSpec) -> VectorIndex:
     from gateway.adapters.lance_index import LanceIndex  # LanceDB: ~90 MB, imported at first use
+    from gateway.adapters.vector_cache import rows_within
 
     storage = spec.config.storage
     return LanceIndex.open(
@@ -112,7 +113,7 @@ def _lance_index(spec: IndexSpec) -> VectorIndex:
         spec.table,
         spec.dimensions,
         storage_options=storage.index_storage_options or None,
-        cache_rows=storage.vector_cache_mb * 2**20 // (4 * spec.dimensions),
+        cache_rows=rows_within(storage.vector_cache_mb, spec.dimensions),
     )
 
 
