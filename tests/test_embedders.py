@@ -23,13 +23,16 @@ from starlette.routing import Route
 from tokenizers import BertWordPieceTokenizer
 
 from gateway.adapters.api_embedder import ApiEmbedder, _fit, _utf8_bytes
+from gateway.adapters.lazy_embedder import LazyEmbedder
 from gateway.adapters.onnx_embedder import OnnxEmbedder
+from gateway.adapters.registry import EmbedderContext
+from gateway.adapters.registry import embedder as registry_embedder
 from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizers
 from gateway.config import parse_config
 from gateway.errors import EmbeddingError, UpstreamError
 from gateway.fakes.embedder import HashingEmbedder
 from gateway.fakes.server import BackgroundServer
-from gateway.ports import Upstream
+from gateway.ports import Embedder, Similarity, Upstream
 from gateway.wiring import build_upstream
 from tests.conftest import Upstream as FakeServer
 from tests.conftest import tenant
@@ -217,6 +220,38 @@ def test_onnx_load_failures_are_embedding_errors(tmp_path: Path) -> None:
         OnnxEmbedder(model_path=garbage)
     with pytest.raises(EmbeddingError, match="cannot load"):
         OnnxEmbedder(vocab_path=tmp_path / "missing-vocab.txt")
+
+
+def test_the_local_model_is_loaded_by_its_first_call_and_a_failed_load_is_tried_again() -> None:
+    """The built-in model is named without loading it (its index table needs the name at start-up); the
+    first call loads it once, concurrent first calls share that load, and a load that failed raises
+    `EmbeddingError` to its caller and is tried again by the next."""
+    config = parse_config({"tenants": [tenant("acme", "http://127.0.0.1:9/v1")]}, {})
+    context = EmbedderContext(config, build_upstream(config.tenants[0]), TiktokenTokenizers())
+    local = registry_embedder(config.tenants[0].retrieval.embedder, context)
+    assert isinstance(local, LazyEmbedder) and not local.loaded
+    assert (local.model, local.dimensions) == ("all-MiniLM-L6-v2-int8", 384)
+
+    async def first_calls() -> list[list[float]]:
+        return list(await asyncio.gather(*(local.embed_query(text) for text in SIMILAR)))
+
+    vectors = asyncio.run(first_calls())
+    assert local.loaded and [len(v) for v in vectors] == [384, 384]
+    assert abs(math.fsum(x * x for x in vectors[0]) - 1.0) < 1e-4
+    asyncio.run(local.aclose())
+
+    loads: list[int] = []
+
+    def flaky() -> Embedder:
+        loads.append(1)
+        if len(loads) == 1:
+            raise EmbeddingError("cannot load the local embedding model: disk not ready")
+        return HashingEmbedder(384)
+
+    lazy = LazyEmbedder("m", Similarity(), 384, flaky)
+    with pytest.raises(EmbeddingError, match="disk not ready"):
+        asyncio.run(lazy.embed(["a"]))
+    assert not lazy.loaded and len(asyncio.run(lazy.embed(["a", "b"]))) == 2 and len(loads) == 2
 
 
 def test_onnx_closed_embedder_raises_embedding_error() -> None:

@@ -42,14 +42,24 @@ class EmbedderContext:
 
 
 def _local(spec: EmbedderConfig, context: EmbedderContext) -> Embedder:
+    """The built-in model, loaded by its first call (lazy_embedder.py)."""
+    from gateway.adapters.lazy_embedder import LazyEmbedder
+
     threads, batch = context.config.embeddings.threads, context.config.embeddings.batch_size
     if spec.local_model == LOCAL_MODELS[1]:
-        from gateway.adapters.e5_embedder import E5Embedder
+        from gateway.adapters import e5_embedder as e5
 
-        return E5Embedder.load(threads, batch)
-    from gateway.adapters.onnx_embedder import OnnxEmbedder
+        return LazyEmbedder(
+            e5.MODEL_ID, e5.SIMILARITY, e5.DIMENSIONS, lambda: e5.E5Embedder.load(threads, batch)
+        )
+    from gateway.adapters import onnx_embedder as minilm
 
-    return OnnxEmbedder.load(threads, batch)
+    return LazyEmbedder(
+        minilm.MODEL_ID,
+        minilm.SIMILARITY,
+        minilm.DIMENSIONS,
+        lambda: minilm.OnnxEmbedder.load(threads, batch),
+    )
 
 
 def _api(spec: EmbedderConfig, context: EmbedderContext) -> Embedder:
