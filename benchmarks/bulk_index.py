@@ -103,9 +103,12 @@ async def pipeline(
     conversation: str,
     count: int,
     batch: int,
+    neighbour_vectors: bool = True,
 ) -> dict[str, float]:
     index = LanceIndex.open(uri, f"bench_{tenant}", embedder.dimensions)
-    handler = EmbedHandler(store, {tenant: IndexTarget(embedder, index, batch)}.get, store.jobs)  # type: ignore[arg-type]
+    handler = EmbedHandler(
+        store, {tenant: IndexTarget(embedder, index, batch, neighbour_vectors)}.get, store.jobs
+    )  # type: ignore[arg-type]
     await store.jobs.enqueue(EmbedWork(conversation, leaf, count).job(tenant))
     started = time.perf_counter()
     searchable = by_meaning = 0.0
@@ -145,6 +148,11 @@ async def main() -> None:
     parser.add_argument("--threads", type=int, default=defaults.threads, help="embedder threads")
     parser.add_argument("--model-batch", type=int, default=defaults.batch_size, help="texts per model call")
     parser.add_argument("--pipeline-only", action="store_true", help="skip the model-alone replay")
+    parser.add_argument(
+        "--no-neighbour-vectors",
+        action="store_true",
+        help="retrieval.neighbour_vectors: false (each message's own view embedded, the others as texts)",
+    )
     args = parser.parse_args()
     messages = history(args.data, args.messages)
     embedder = OnnxEmbedder.load(args.threads, args.model_batch)
@@ -167,6 +175,7 @@ async def main() -> None:
                 conversation,
                 count,
                 args.batch,  # type: ignore[arg-type]
+                not args.no_neighbour_vectors,
             )
             alone = float("nan") if args.pipeline_only else await model_alone(embedder, recorder.calls)
             rows.append((alone, piped))
