@@ -62,6 +62,16 @@ POSTGRES_URL = os.environ.get(
 )
 
 
+# --small-caches: bounds this load fills within its first minutes, so that what grows after them is not
+# a cache filling (the defaults take hours of this load to fill).
+SMALL_CACHES = {
+    "node_cache_size": 1_500,
+    "history_memo_bytes": 1024 * 1024,
+    "body_memo_bytes": 1024 * 1024,
+    "vector_cache_mb": 8,
+}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -205,6 +215,7 @@ class Soak:
                 "database_url": database_url,
                 "data_dir": str(self.workdir / "data"),
                 "index_uri": str(self.workdir / "lancedb"),  # one directory for every replica
+                **(SMALL_CACHES if self.args.small_caches else {}),
             },
             "jobs": {"workers": 0 if self.args.worker else 2, "poll_seconds": 0.5},
             "tenants": [
@@ -479,6 +490,9 @@ def main() -> int:
     parser.add_argument("--jobs-timeout", type=float, default=600)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, store)")
+    parser.add_argument(
+        "--small-caches", action="store_true", help="cache bounds the load fills in minutes (SMALL_CACHES)"
+    )
     parser.add_argument(
         "--worker",
         action="store_true",
