@@ -45,10 +45,10 @@ def release_free_heap() -> bool:
     return True
 
 
-# glibc's mallopt parameter numbers (malloc.h).
 # How often a serving process hands its C heap's free pages back (`trimming_heap`).
 TRIM_EVERY_SECONDS = 30.0
 
+# glibc's mallopt parameter numbers (malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
@@ -85,8 +85,8 @@ def tune_malloc() -> bool:
 @contextlib.asynccontextmanager
 async def trimming_heap(every_seconds: float = TRIM_EVERY_SECONDS) -> AsyncIterator[None]:
     """While the block runs, `release_free_heap` every `every_seconds`, in a thread (ctypes lets go of the
-    interpreter meanwhile): glibc gives back only the heap's top on its own, and a serving process's heap
-    filled with free pages between live blocks (BENCHMARKS.md, issue 29)."""
+    interpreter meanwhile): on its own glibc gives back only a heap's free top. A few ms a call; alone it
+    did not stop the soak's growth, which the fixed mmap threshold did (BENCHMARKS.md, issue 29)."""
 
     async def loop() -> None:
         while True:
