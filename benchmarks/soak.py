@@ -392,6 +392,8 @@ class Soak:
         deadline = time.monotonic() + timeout
         counts: dict[str, int] = {}
         while time.monotonic() < deadline:
+            if self.worker is not None and self.worker.poll() is not None:
+                raise SystemExit(f"the worker exited ({self.workdir / 'worker.log'})")
             counts = httpx.get(f"{self.gateways[0][0]}/healthz", timeout=10).json()["jobs"]
             if counts.get("queued", 0) == 0 and counts.get("running", 0) == 0:
                 return counts
@@ -514,8 +516,9 @@ def main() -> int:
         cpu_before = [cpu_seconds(p.pid) for p in soak.measured()]
         asyncio.run(soak.run_load())
         load_time = time.monotonic() - t0
-        cpu_load = [
-            cpu_seconds(p.pid) - before for p, before in zip(soak.measured(), cpu_before, strict=True)
+        cpu_load = [  # 0 for a process gone meanwhile (its time is unknown)
+            max(cpu_seconds(p.pid) - before, 0.0)
+            for p, before in zip(soak.measured(), cpu_before, strict=True)
         ]
         if args.heap:
             soak.heap_snapshot()  # the end of the load: growth since the baseline

@@ -10,8 +10,10 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 # Allocations (less frees) before a young collection: a few hundred requests' objects, not a fraction
 # of one. The middle generation is collected every 20 of those, and the oldest after 10 of those and
@@ -29,18 +31,27 @@ def tune_for_serving() -> None:
     gc.set_threshold(YOUNG_THRESHOLD, MIDDLE_FACTOR, OLD_FACTOR)
 
 
-def release_free_heap() -> bool:
-    """Give the C heap's free pages back to the system (glibc's `malloc_trim`); False where there is no
-    such call (musl, macOS). Start-up frees much of what it allocated (ONNX Runtime's graph optimisation,
-    the tokenizer files' parsing) in pieces glibc keeps resident: measured 65 MB of a fresh gateway's 324
-    (BENCHMARKS.md, issue 29). Call once, when the app's resources are built; it takes a few ms."""
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim`, looked up once; None where there is no such call (musl, macOS)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         trim = libc.malloc_trim
     except (OSError, AttributeError):
-        return False
+        return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
+    return cast(Callable[[int], int], trim)
+
+
+def release_free_heap() -> bool:
+    """Give the C heap's free pages back to the system (glibc's `malloc_trim`); False where there is no
+    such call. Start-up frees much of what it allocated (ONNX Runtime's graph optimisation, the tokenizer
+    files' parsing) in pieces glibc keeps resident: measured 65 MB of a fresh gateway's 324 (BENCHMARKS.md,
+    issue 29). Called when the app's resources are built and then every TRIM_EVERY_SECONDS; a few ms."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
     trim(0)
     return True
 

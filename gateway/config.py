@@ -83,8 +83,14 @@ class StorageConfig(_Frozen):
             if "history_memo_bytes" in data:
                 raise ValueError("history_memo_messages was replaced by history_memo_bytes: keep that one")
             count = data["history_memo_messages"]
+            try:  # a number, or its text (from ${ENV})
+                messages = int(count) if not isinstance(count, bool) else None
+            except (TypeError, ValueError):
+                messages = None
+            if messages is None:
+                raise ValueError(f"history_memo_messages must be a whole number, not {count!r}")
             rest = {k: v for k, v in data.items() if k != "history_memo_messages"}
-            return {**rest, "history_memo_bytes": count * 1024 if isinstance(count, int) else count}
+            return {**rest, "history_memo_bytes": messages * 1024}
         return data
 
     @property

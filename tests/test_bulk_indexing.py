@@ -122,6 +122,12 @@ def test_without_neighbour_vectors_only_each_messages_own_view_is_embedded(datab
                     assert await store.jobs.complete(jobs[0], "w")
 
             await store.jobs.enqueue(EmbedWork(conversation_id, messages[-1].id, 300).job("acme"))
+            first = (await store.jobs.lease("w", [EMBED], 60))[0]
+            await handler(first)
+            assert await store.jobs.complete(first, "w")
+            pending = await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme")
+            # No pass with neighbours is owed: the newest 150 are done, 150 wait for their own view.
+            assert IndexBacklog.of(pending) == IndexBacklog(unembedded=150)
             await run_jobs()
             # 300 texts, 150 a job (the bound is three views of 50 messages), and nothing after them.
             assert [len(call) for call in embedder.calls] == [150, 150]

@@ -47,14 +47,14 @@ def test_common_prefix_finds_the_first_difference() -> None:
 
 
 def seen(n: int, tag: str = "") -> Seen:
-    """n messages of 570 bytes each as the memo counts them (70 characters + the overhead)."""
+    """n messages of 504 bytes each as the memo counts them (74 characters + the overhead)."""
     messages = [message("user", f"{tag}{i}".ljust(70, ".")) for i in range(n)]
     hashes, items = [f"{i:032x}" for i in range(n)], [HistoryItem(m, 1) for m in messages]
     return Seen(messages, hashes, items, running_bytes(None, 0, messages))
 
 
 def test_memo_is_bounded_in_bytes_and_forgets_the_least_recently_used() -> None:
-    size = 70 + MESSAGE_OVERHEAD_BYTES
+    size = 70 + len("user") + MESSAGE_OVERHEAD_BYTES  # every string in the message
     memo = HistoryMemo(max_bytes=100 * size)
     memo.keep("a", seen(40, "a"))
     memo.keep("b", seen(40, "b"))
@@ -69,15 +69,23 @@ def test_memo_is_bounded_in_bytes_and_forgets_the_least_recently_used() -> None:
     assert memo.recall("d", [])[0] is None and len(memo) == 2
 
 
-def test_a_message_counts_its_text_wherever_it_is_and_a_resent_prefix_is_not_counted_again() -> None:
+def test_a_message_counts_every_string_in_it_and_a_resent_prefix_is_not_counted_again() -> None:
     text = {"role": "user", "content": "x" * 1000}
-    parts = {"role": "user", "content": [{"type": "text", "text": "y" * 500}, {"type": "image_url"}]}
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 5000}}
+    parts = {"role": "user", "content": [{"type": "text", "text": "y" * 500}, image]}
     call = {"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "z" * 300}}]}
-    assert [message_bytes(m) - MESSAGE_OVERHEAD_BYTES for m in (text, parts, call)] == [1000, 500, 300]
+    # role + text; role + "text" + text + the image part's strings (its base64 data above all); role + args
+    expected = [4 + 1000, 4 + 4 + 500 + 9 + 22 + 5000, 9 + 300]
+    assert [message_bytes(m) - MESSAGE_OVERHEAD_BYTES for m in (text, parts, call)] == expected
     first = seen(3)
     # Only the two new messages are counted; the three shared ones come from what was seen.
     chain = [*first.messages, text, parts]
-    assert running_bytes(first, 3, chain) == [*first.running_bytes, first.bytes + 1430, first.bytes + 1430 + 930]
+    one, two = message_bytes(text), message_bytes(parts)
+    assert running_bytes(first, 3, chain) == [
+        *first.running_bytes,
+        first.bytes + one,
+        first.bytes + one + two,
+    ]
     assert running_bytes(first, 1, chain[:1]) == first.running_bytes[:1]
 
 

@@ -105,3 +105,27 @@ def test_the_default_config_builds_without_importing_lancedb(tmp_path: Path) -> 
     )
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "data" / "lancedb").exists()  # no table made yet
+
+
+def test_a_close_during_the_first_open_closes_what_it_opened_and_nothing_opens_after() -> None:
+    opened: list[MemoryIndex] = []
+    started = threading.Event()
+
+    def slow_open() -> VectorIndex:
+        started.set()
+        time.sleep(0.3)
+        opened.append(MemoryIndex())
+        return opened[-1]
+
+    async def scenario() -> None:
+        lazy = LazyVectorIndex(slow_open)
+        first = asyncio.create_task(lazy.add([index_row("r1", "kept")]))
+        await asyncio.to_thread(started.wait)
+        await lazy.aclose()  # waits for the open under way, then closes it
+        await first  # the call that opened it completed before the close
+        assert len(opened) == 1 and not lazy.opened
+        with pytest.raises(SearchIndexError, match="closed"):
+            await lazy.add([index_row("r2", "after")])
+        assert len(opened) == 1  # not opened again after the close
+
+    asyncio.run(scenario())

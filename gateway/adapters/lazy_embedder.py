@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from gateway.adapters.lazy_index import OpenedOnFirstUse
+from gateway.errors import EmbeddingError
 from gateway.ports import Embedder, Similarity
 
 
@@ -23,7 +24,7 @@ class LazyEmbedder:
         self._model = model
         self._similarity = similarity
         self._dimensions = dimensions
-        self._embedder = OpenedOnFirstUse(load)
+        self._embedder = OpenedOnFirstUse(load, lambda: EmbeddingError("the embedder is closed"))
 
     @property
     def loaded(self) -> bool:

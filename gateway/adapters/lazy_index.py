@@ -16,6 +16,7 @@ from typing import Generic, Protocol, TypeVar
 import anyio
 import anyio.to_thread
 
+from gateway.errors import SearchIndexError
 from gateway.memory.ports import MemoryVectors
 from gateway.memory.records import MemoryQuery, MemoryRow, MemorySearchResult
 from gateway.ports import VectorIndex
@@ -30,11 +31,14 @@ T = TypeVar("T", bound=_Closable)
 
 
 class OpenedOnFirstUse(Generic[T]):
-    """`open` (blocking) run once, in a worker thread, by the first caller of `get`."""
+    """`open` (blocking) run once, in a worker thread, by the first caller of `get`; after `aclose`,
+    `get` raises `closed()` (what the caller's port raises) and nothing is opened any more."""
 
-    def __init__(self, open: Callable[[], T]) -> None:
+    def __init__(self, open: Callable[[], T], closed: Callable[[], Exception]) -> None:
         self._open = open
+        self._closed_error = closed
         self._opened: T | None = None
+        self._closed = False
         self._lock = anyio.Lock()
 
     @property
@@ -44,20 +48,26 @@ class OpenedOnFirstUse(Generic[T]):
     async def get(self) -> T:
         if self._opened is None:
             async with self._lock:
+                if self._closed:
+                    raise self._closed_error()
                 if self._opened is None:
                     self._opened = await anyio.to_thread.run_sync(self._open)
         return self._opened
 
     async def aclose(self) -> None:
-        if self._opened is not None:
-            await self._opened.aclose()
+        # Under the lock: an open under way finishes first, and is closed here, not kept.
+        async with self._lock:
+            self._closed = True
+            opened, self._opened = self._opened, None
+        if opened is not None:
+            await opened.aclose()
 
 
 class LazyVectorIndex:
     """A `VectorIndex` whose table is opened by its first call (see the module's docstring)."""
 
     def __init__(self, open: Callable[[], VectorIndex]) -> None:
-        self._index = OpenedOnFirstUse(open)
+        self._index = OpenedOnFirstUse(open, lambda: SearchIndexError("the index is closed"))
 
     @property
     def opened(self) -> bool:
@@ -92,7 +102,7 @@ class LazyMemoryVectors:
     """A `MemoryVectors` whose table is opened by its first call (see the module's docstring)."""
 
     def __init__(self, open: Callable[[], MemoryVectors]) -> None:
-        self._vectors = OpenedOnFirstUse(open)
+        self._vectors = OpenedOnFirstUse(open, lambda: SearchIndexError("the memory index is closed"))
 
     @property
     def opened(self) -> bool:

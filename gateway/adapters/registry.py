@@ -5,6 +5,7 @@ called: an unused adapter costs no memory."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -49,6 +50,8 @@ def _local(spec: EmbedderConfig, context: EmbedderContext) -> Embedder:
     if spec.local_model == LOCAL_MODELS[1]:
         from gateway.adapters import e5_embedder as e5
 
+        # OpenMP reads it once, when the engine loads: set here, before threads start, not in the load.
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         return LazyEmbedder(
             e5.MODEL_ID, e5.SIMILARITY, e5.DIMENSIONS, lambda: e5.E5Embedder.load(threads, batch)
         )

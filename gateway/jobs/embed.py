@@ -6,7 +6,8 @@ embedded in one batch and written together. A large stretch (a long history arri
 import) is split into bounded jobs so none outlives its lease, in three passes, each newest first (what
 the next questions are most likely about): its texts, in chunks of `TEXT_CHUNK_MESSAGES` (the full-text
 index finds every message at once); each message's own view (findable by meaning, a sixth of the model's
-work: the other two views hold two and three messages); then the views with neighbours. A job embeds at
+work: the other two views hold two and three messages); then the views with neighbours, unless
+`retrieval.neighbour_vectors` is off (they are then found by keyword only). A job embeds at
 most `IndexTarget.batch_messages` messages' worth of texts. If the embedder fails, the texts are written alone, so the messages are findable by keyword until
 a retry adds the vectors. Writes are keyed by row id: a retry rewrites nothing twice. Until its job has
 run (normally within a second of the answer) a message is in the recent window.
@@ -146,7 +147,9 @@ class EmbedHandler:
             # neighbours, each pass in bounded jobs, newest first.
             await self._texts(tenant, target, replace(work, mode="texts"))
             stretch = (work.leaf_id, work.count)
-            await self._embed(tenant, target, EmbedWork(conversation_id, *stretch, "vectors", stretch))
+            # `then`: the neighbours' pass to queue after this one (none when they get no vectors).
+            then = stretch if target.neighbour_vectors else None
+            await self._embed(tenant, target, EmbedWork(conversation_id, *stretch, "vectors", then))
             return
         kept = {m.node.id for m in path[len(path) - count :]}
         rows = [r for r in rows if _owner(r) in kept]

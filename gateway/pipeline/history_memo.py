@@ -31,23 +31,19 @@ MESSAGE_OVERHEAD_BYTES = 430
 
 
 def message_bytes(message: JSONObject) -> int:
-    """What the memo counts for one message: its text's length (string content, text parts, tool-call
-    arguments) plus MESSAGE_OVERHEAD_BYTES. Image data and other parts count by their text alone."""
+    """What the memo counts for one message: the length of every string in it (its text, tool-call
+    arguments, an image's or audio's base64 data) plus MESSAGE_OVERHEAD_BYTES. Counted once, when the
+    message is new."""
     size = MESSAGE_OVERHEAD_BYTES
-    content = message.get("content")
-    if isinstance(content, str):
-        size += len(content)
-    elif isinstance(content, list):
-        for part in content:
-            if isinstance(part, dict):
-                text = part.get("text")
-                size += len(text) if isinstance(text, str) else 0
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            function = call.get("function") if isinstance(call, dict) else None
-            arguments = function.get("arguments") if isinstance(function, dict) else None
-            size += len(arguments) if isinstance(arguments, str) else 0
+    pending: list[object] = [message]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            size += len(value)
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
     return size
 
 
