@@ -5,6 +5,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1
 
+# jemalloc in place of glibc's malloc: as little memory held as glibc with the gateway's fixed mmap
+# threshold, without that threshold's ~12 % on the background jobs (BENCHMARKS.md, issue 29).
+RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 \
+    && rm -rf /var/lib/apt/lists/* \
+    && ln -s "$(ls /usr/lib/*-linux-gnu/libjemalloc.so.2)" /usr/local/lib/libjemalloc.so.2
+ENV LD_PRELOAD=/usr/local/lib/libjemalloc.so.2
+
 WORKDIR /build
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway

@@ -144,12 +144,14 @@ def gateway_config(data_dir: Path, upstream_url: str) -> dict[str, Any]:
 class GatewayProcess:
     """`python -m gateway serve` from a checkout, in its own process."""
 
-    def __init__(self, checkout: Path, data_dir: Path, upstream_url: str) -> None:
+    def __init__(
+        self, checkout: Path, data_dir: Path, upstream_url: str, env: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = data_dir / "config.yaml"
         config.write_text(json.dumps(gateway_config(data_dir, upstream_url)))  # JSON is YAML
-        env = {**os.environ, "PYTHONPATH": str(checkout)}
+        env = {**os.environ, **(env or {}), "PYTHONPATH": str(checkout)}
         self.log = (data_dir / "gateway.log").open("w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(self.port)],

@@ -12,8 +12,10 @@ process, on a fake upstream. Per round:
      same chat again while the history is indexed, until it is or `--requests` have gone;
   3. `GET /api/conversations/{id}` every 0.5 s: when every message was findable by keyword, by meaning,
      and with its neighbours' views (those the server reports; before that split, by meaning is all).
-Prints both latency rows (p50, p99) and their ratio, and the three times; `--before CHECKOUT` runs the
-same from another checkout in the same session, alternating.
+Prints both latency rows (p50, p99) and their ratio, the three times, and the server's resident memory
+before the history and at its peak (VmHWM: the bulk import's); `--before CHECKOUT` runs the same from
+another checkout in the same session, alternating, and `--preload LIB` this tree again with LIB
+preloaded (jemalloc: `/usr/lib/x86_64-linux-gnu/libjemalloc.so.2`).
 """
 
 from __future__ import annotations
@@ -80,14 +82,27 @@ def watch(http: httpx.Client, conversation_id: str, started: float, limit: float
     return times
 
 
-def run(name: str, checkout: Path, turns: list[dict[str, str]], args: argparse.Namespace) -> dict[str, Any]:
+def memory(pid: int) -> dict[str, float]:
+    """The process's resident MB now (VmRSS) and at its peak so far (VmHWM)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return {key: int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM")}
+
+
+def run(
+    name: str,
+    checkout: Path,
+    turns: list[dict[str, str]],
+    args: argparse.Namespace,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     fake = FakeUpstream(record=False)
     with tempfile.TemporaryDirectory() as tmp, BackgroundServer(fake.app()) as upstream:
-        gateway = GatewayProcess(checkout, Path(tmp), f"{upstream.url}/v1")
+        gateway = GatewayProcess(checkout, Path(tmp), f"{upstream.url}/v1", env)
         try:
             with httpx.Client(base_url=gateway.url, timeout=600) as http:
                 chat(http, args.rate, 5)  # warm-up: connections, the first embedding, the first store
                 idle = chat(http, args.rate, args.requests)
+                before = memory(gateway.process.pid)["VmRSS"]
                 started = time.perf_counter()
                 body = {"model": "gpt-4o-mini", "messages": turns}
                 response = http.post("/v1/chat/completions", json=body, headers={**AUTH, "x-user-id": "bulk"})
@@ -103,9 +118,10 @@ def run(name: str, checkout: Path, turns: list[dict[str, str]], args: argparse.N
                     times = watch(watcher, conversation_id, started, args.limit)
                 stop.set()
                 chatter.join()
+                peak = memory(gateway.process.pid)["VmHWM"]
         finally:
             gateway.close()
-    return {"name": name, "idle": idle, "busy": busy, "times": times}
+    return {"name": name, "idle": idle, "busy": busy, "times": times, "rss": (before, peak)}
 
 
 def q(values: list[float], share: float) -> float:
@@ -126,22 +142,28 @@ def main() -> None:
     parser.add_argument("--limit", type=float, default=900, help="seconds to wait for the index")
     parser.add_argument("--before", type=Path, help="another checkout, run alternately")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--preload", help="a library for LD_PRELOAD: this tree again with it, alternately")
     args = parser.parse_args()
     turns = history(args.data, args.messages)
     if turns[-1]["role"] == "assistant":
         turns.append({"role": "user", "content": "Thanks, talk soon."})
-    checkouts = [("this tree", ROOT)] + ([("before", args.before)] if args.before else [])
+    checkouts: list[tuple[str, Path, dict[str, str] | None]] = [("this tree", ROOT, None)]
+    if args.before:
+        checkouts.append(("before", args.before, None))
+    if args.preload:
+        checkouts.append((f"preloaded {Path(args.preload).name}", ROOT, {"LD_PRELOAD": args.preload}))
     print(f"{len(turns)} messages from {args.data.name}; the other chat at {args.rate}/s")
     for round_ in range(args.rounds):
-        for name, checkout in checkouts:
-            out = run(name, checkout, turns, args)
+        for name, checkout, env in checkouts:
+            out = run(name, checkout, turns, args, env)
             idle, busy, times = out["idle"], out["busy"], out["times"]
             shown = ", ".join(f"{k} after {v:.0f} s" for k, v in times.items()) or "not indexed in time"
             print(
                 f"round {round_ + 1}, {name}: {shown} | gateway ms idle p50 {q(idle, 0.5):.1f} "
                 f"p99 {q(idle, 0.99):.1f} ({len(idle)}) | while indexing p50 {q(busy, 0.5):.1f} "
                 f"p99 {q(busy, 0.99):.1f} ({len(busy)}) | p99 ratio {q(busy, 0.99) / q(idle, 0.99):.2f}x, "
-                f"mean {statistics.fmean(busy) / statistics.fmean(idle):.2f}x",
+                f"mean {statistics.fmean(busy) / statistics.fmean(idle):.2f}x | "
+                f"RSS before the history {out['rss'][0]:.0f} MB, peak {out['rss'][1]:.0f} MB",
                 flush=True,
             )
 

@@ -32,6 +32,16 @@ def tune_for_serving() -> None:
 
 
 @functools.cache
+def jemalloc_loaded() -> bool:
+    """Whether jemalloc serves this process's malloc (preloaded, as the Docker image does): then glibc's
+    settings and trims reach nothing, and jemalloc's own decay returns freed pages."""
+    try:
+        return hasattr(ctypes.CDLL(None), "mallctl")
+    except OSError:
+        return False
+
+
+@functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's `malloc_trim`, looked up once; None where there is no such call (musl, macOS)."""
     try:
@@ -50,7 +60,7 @@ def release_free_heap() -> bool:
     files' parsing) in pieces glibc keeps resident: measured 65 MB of a fresh gateway's 324 (BENCHMARKS.md,
     issue 29). Called when the app's resources are built and then every TRIM_EVERY_SECONDS; a few ms."""
     trim = _malloc_trim()
-    if trim is None:
+    if trim is None or jemalloc_loaded():
         return False
     trim(0)
     return True
@@ -77,7 +87,11 @@ def tune_malloc() -> bool:
     """glibc's allocator set for a long-running process: at most MALLOC_ARENAS heaps for its threads (one
     per thread, LanceDB's and ONNX Runtime's included, each kept its freed pages), large blocks in pages
     of their own at a fixed threshold, and the heap's free top returned. False where there is no such
-    call (musl, macOS). Call first, before threads start (BENCHMARKS.md, issue 29)."""
+    call (musl, macOS) or jemalloc serves malloc. Call first, before threads start (BENCHMARKS.md, issue
+    29). The fixed threshold costs the background jobs ~12 % more time (pages mapped afresh per block);
+    jemalloc held as little without that cost, hence the Docker image's."""
+    if jemalloc_loaded():
+        return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt

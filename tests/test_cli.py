@@ -3,7 +3,9 @@ the docs listing every command (docs/dashboard-and-cli.md)."""
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import re
 import subprocess
 import sys
@@ -366,3 +368,22 @@ def test_a_serving_process_gives_large_blocks_pages_of_their_own_at_a_fixed_thre
 
     assert run("tuned") == "True 1"
     assert run("plain") == "None 0"
+
+
+def test_a_process_on_jemalloc_is_left_to_it() -> None:
+    """The Docker image preloads jemalloc (its own decay returns freed pages, without the fixed
+    threshold's cost to the jobs): then glibc's settings and trims are skipped, not set on a heap nothing
+    uses."""
+    library = next(iter(sorted(glob.glob("/usr/lib/*-linux-gnu/libjemalloc.so.2"))), None)
+    assert library, "libjemalloc2 is installed by .ci/run"
+    probe = (
+        "from gateway.collector import jemalloc_loaded, release_free_heap, tune_malloc\n"
+        "print(jemalloc_loaded(), tune_malloc(), release_free_heap())\n"
+    )
+    argv = [sys.executable, "-c", probe]
+    preloaded = subprocess.run(
+        argv, capture_output=True, text=True, check=True, env={**os.environ, "LD_PRELOAD": library}
+    )
+    assert preloaded.stdout.split() == ["True", "False", "False"]
+    plain = subprocess.run(argv, capture_output=True, text=True, check=True)
+    assert plain.stdout.split() == ["False", "True", "True"]
