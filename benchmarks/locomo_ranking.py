@@ -47,7 +47,7 @@ from gateway.wiring import index_table
 Ranker = Callable[[dict[str, Any], list[HistoryItem], dict[str, int], set[str]], list[Any]]
 
 
-def capture(keep: Path, data: Path) -> list[dict[str, Any]]:
+def capture(keep: Path, data: Path, at_once: bool = False, conversations: int = 0) -> list[dict[str, Any]]:
     """Run the benchmark at 4,000 tokens with hooks; one record per question, in the benchmark's order."""
     records: list[dict[str, Any]] = []
     section = retrieval.RetrievalSection
@@ -101,6 +101,8 @@ def capture(keep: Path, data: Path) -> list[dict[str, Any]]:
             str(data),
             "--dump",
             str(dump),
+            *(["--at-once"] if at_once else []),
+            *(["--conversations", str(conversations)] if conversations else []),
         ]
         locomo.main()
         questions = json.loads((Path(tmp) / "questions-budget-4000.json").read_text())
@@ -129,6 +131,12 @@ def shipped(**changes: Any) -> Ranker:
         record: dict[str, Any], path: list[HistoryItem], positions: dict[str, int], recent: set[str]
     ) -> list[Any]:
         result: SearchResult = changes.get("result", {}).get(id(record)) or record["result"]
+        if changes.get("keyword_only"):  # as right after a history arrived: nothing embedded yet
+            result = SearchResult([], result.keyword)
+        if changes.get("keyword_views"):
+            result = SearchResult(
+                result.semantic, [h for h in result.keyword if h.view in changes["keyword_views"]]
+            )
         score: dict[str, float] = defaultdict(float)
         created: dict[str, Any] = {}
         if kind == "rrf":
@@ -274,11 +282,13 @@ def main() -> None:
     )
     parser.add_argument("--data", type=Path, default=locomo.DEFAULT_DATA)
     parser.add_argument("--capture", type=Path, help="keep the capture here; reused when it exists")
+    parser.add_argument("--at-once", action="store_true", help="replay each history in one request")
+    parser.add_argument("--conversations", type=int, default=0, help="only the first N (0: all)")
     args = parser.parse_args()
     if args.capture and args.capture.exists():
         records = pickle.loads(args.capture.read_bytes())
     else:
-        records = capture(args.keep, args.data)
+        records = capture(args.keep, args.data, args.at_once, args.conversations)
         if args.capture:
             args.capture.write_bytes(pickle.dumps(records))
     samples = {s.sample_id: s for s in locomo.load(args.data)}
@@ -300,6 +310,15 @@ def main() -> None:
 
     print(f"{len(records)} questions; recall at 4,000 tokens, replayed:")
     show("shipped", shipped())
+    show("keyword only (nothing embedded yet)", shipped(keyword_only=True))
+    show("keyword only, each message's own view", shipped(keyword_only=True, keyword_views="m"))
+    show("keyword only, own view, best view", shipped(keyword_only=True, keyword_views="m", views="best"))
+    for share in (0.0, 0.25):
+        show(
+            f"keyword only, own view, neighbours share {share}",
+            shipped(keyword_only=True, keyword_views="m", share=share),
+        )
+    show("keyword ranking over each message's own view", shipped(keyword_views="m"))
     show("views: the best one instead of the sum", shipped(views="best"))
     show("keyword ranking weighted 0.5", shipped(keyword=0.5))
     show("semantic ranking weighted 0.5", shipped(semantic=0.5))
