@@ -107,6 +107,8 @@ def capture(keep: Path, data: Path, at_once: bool = False, conversations: int = 
         locomo.main()
         questions = json.loads((Path(tmp) / "questions-budget-4000.json").read_text())
     section._find, section._search, section._groups = find, search, groups
+    if at_once:  # each history's own request searched too, before any question
+        records = records[len(records) - len(questions) :]
     if len(questions) != len(records):
         raise SystemExit(f"captured {len(records)} searches for {len(questions)} questions")
     for record, question in zip(records, questions, strict=True):

@@ -11,6 +11,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from gateway.adapters import registry
+from gateway.adapters.keyword_rank import ViewRanker
 from gateway.adapters.lazy_index import LazyMemoryVectors, LazyVectorIndex
 from gateway.adapters.sql.tables import utcnow
 from gateway.config import GatewayConfig, MemoryConfig, TenantConfig, TracingConfig
@@ -192,6 +193,7 @@ def _builder(
                 config=tenant.retrieval,
                 clock=shared.clock,
                 jobs=shared.jobs,
+                rank_views=ViewRanker(),
             )
         )
     always: frozenset[str] = frozenset()

@@ -514,3 +514,49 @@ def test_exchanges_queued_while_no_worker_ran_are_indexed_by_one_job(
         if sample.name == "gateway_job_runs_total"
     }
     assert metrics[("embed", "absorbed")] == 4 and metrics[("embed", "done")] == 1
+
+
+def test_a_question_asked_before_the_index_wrote_a_history_is_ranked_over_the_history_in_hand(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """No job runs here (a separate worker not started yet, or one busy with other conversations): the
+    history that arrived in one request is in no index, and its questions still find their turns, ranked
+    by keyword over the history the request holds, as the index's three views would rank them."""
+    gateway = make_gateway(
+        [
+            tenant(
+                "acme",
+                upstream.base_url,
+                api_keys=[GATEWAY_KEY],
+                context={"budget_tokens": 2_000},
+                compaction={"enabled": False},
+            )
+        ],
+        jobs={"workers": 0},
+    )
+    client = gateway.client()
+    history = [*long_history(200), {"role": "user", "content": f"Where did {IDENTIFIERS[1]} come up?"}]
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+    sent = "\n".join(str(m["content"]) for m in upstream.fake.last_chat().body["messages"][:-1])
+    assert f"the reference is {IDENTIFIERS[1]}" in sent
+    assert f"the reference is {IDENTIFIERS[0]}" not in sent  # turn 3: not what was asked
+    retrieval = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]["sections"][
+        "retrieval"
+    ]
+    assert retrieval["keyword_in_hand"] is True
+    conversation_id = raw.headers["x-conversation-id"]
+    assert conversation_index(gateway, conversation_id)["searchable"] == 0
+
+    # Asked again, the history is stored and its job queued, not run: the backlog says so.
+    history += [
+        {"role": "assistant", "content": raw.parse().choices[0].message.content},
+        {"role": "user", "content": f"And where did {IDENTIFIERS[2]} come up?"},
+    ]
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+    sent = "\n".join(str(m["content"]) for m in upstream.fake.last_chat().body["messages"][:-1])
+    assert f"the reference is {IDENTIFIERS[2]}" in sent
+    retrieval = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]["sections"][
+        "retrieval"
+    ]
+    assert retrieval["index_backlog"]["unsearchable"] >= 400
+    assert retrieval["keyword_in_hand"] is True

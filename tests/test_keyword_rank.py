@@ -4,10 +4,14 @@ The same ranking cases run against the table's index in tests/test_lance_index.p
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import numpy as np
 import pytest
 
-from gateway.adapters.keyword_rank import Analyzer, KeywordQuery, Postings
+from gateway.adapters.keyword_rank import Analyzer, KeywordQuery, Postings, ViewRanker
+from gateway.jobs.embed import index_rows
+from gateway.records import StoredMessage, StoredNode
 from gateway.text import cjk_bigrams
 
 
@@ -83,3 +87,42 @@ def test_postings_never_change_once_built() -> None:
     assert first.terms["kafka"].rows.tolist() == [0]
     assert second.terms["kafka"].rows.tolist() == [0, 1]
     assert first.extended([]) is first
+
+
+def test_views_of_a_history_in_hand_rank_as_the_index_will_once_it_writes_them() -> None:
+    """`ViewRanker` ranks a history the index has not written yet (a long history that just arrived) over
+    the same three views a message gets in the index (`jobs.embed.index_rows`), with the same scores."""
+    texts = [
+        "We moved the nightly export to the new cluster.",
+        "Great, did the export keep its schedule?",
+        "",  # an empty tool-call shell: no views of its own
+        "Yes, 02:00 UTC. 服务 器 迁移 完成 了。",
+        "The billing_reconcile_v2.py job failed twice after the export.",
+        "Retry it with the smaller batch, then check the export logs.",
+    ]
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    path = [
+        StoredMessage(
+            StoredNode(f"n{i}", "c", f"n{i - 1}" if i else None, i, "user", 5, 5 * i), {"content": t}, at
+        )
+        for i, t in enumerate(texts)
+    ]
+    rows = index_rows("acme", None, path, len(path))
+    analyzer = Analyzer()
+    for question in ("When did the export run?", "billing_reconcile_v2.py", "服务器迁移", "batch logs"):
+        query = analyzer.query(question)
+        assert query is not None
+        scores = Postings().extended(analyzer.terms(cjk_bigrams(r.text)) for r in rows).scores(query)
+        expected = sorted(
+            ((r.node_id, r.view, round(float(s), 4)) for r, s in zip(rows, scores, strict=True) if s > 0),
+            key=lambda hit: (-hit[2], hit[0], hit[1]),
+        )
+        got = sorted(
+            ((f"n{i}", view, round(score, 4)) for i, view, score in ViewRanker()(question, texts, 100)),
+            key=lambda hit: (-hit[2], hit[0], hit[1]),
+        )
+        assert got == expected, question
+        assert got  # every question matches something here
+    best = ViewRanker()("When did the export run?", texts, 2)
+    every = ViewRanker()("When did the export run?", texts, 100)
+    assert [hit[2] for hit in best] == [hit[2] for hit in every[:2]]  # the best two (ties in any order)

@@ -24,7 +24,7 @@ import math
 import re
 import threading
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -246,3 +246,51 @@ class Postings:
                 for term, posting in zip(words, postings, strict=True):
                     scores[rows] += weights(term, posting)[np.searchsorted(posting.rows, rows)]
         return scores
+
+
+@dataclass(slots=True)
+class ViewRanker:
+    """BM25 over messages the index has not written yet (a long history that just arrived): each message
+    alone, with the one before it, and with both neighbours, as the index's three views hold them
+    (jobs/embed.py, `index_rows`), so its ranking matches the index's once the texts land. A message's
+    terms are made once a call and joined for the views (a phrase may not span two messages here)."""
+
+    analyzer: Analyzer = field(default_factory=Analyzer)
+
+    def __call__(self, question: str, texts: Sequence[str], limit: int) -> list[tuple[int, str, float]]:
+        """(index of the message in `texts`, view, score) for the best `limit` rows, best first; an empty
+        text has no views of its own, as in the index."""
+        query = self.analyzer.query(question)
+        if query is None or limit <= 0:
+            return []
+        own = [self.analyzer.terms(cjk_bigrams(t)) if t else ([], []) for t in texts]
+        docs: list[Terms] = []
+        owners: list[tuple[int, str]] = []
+        for i, text in enumerate(texts):
+            if not text:
+                continue
+            docs.append(own[i])
+            owners.append((i, "m"))
+            if i >= 1 and texts[i - 1]:
+                docs.append(_joined(own[i - 1 : i + 1]))
+                owners.append((i, "p"))
+                docs.append(_joined(own[max(i - 2, 0) : i + 1]))
+                owners.append((i - 1, "w"))
+        scores = Postings().extended(docs).scores(query)
+        matched = np.flatnonzero(scores > 0)
+        if len(matched) > limit:
+            matched = matched[np.argpartition(-scores[matched], limit - 1)[:limit]]
+        order = matched[np.argsort(-scores[matched], kind="stable")]
+        return [(*owners[row], float(scores[row])) for row in order]
+
+
+def _joined(parts: Sequence[Terms]) -> Terms:
+    """Several texts' terms as one text's, each text's positions after the last one's."""
+    terms: list[str] = []
+    at: list[int] = []
+    offset = 0
+    for words, positions in parts:
+        terms += words
+        at += [p + offset for p in positions]
+        offset += (positions[-1] + 2) if positions else 0
+    return terms, at

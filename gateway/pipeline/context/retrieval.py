@@ -44,6 +44,7 @@ from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, com
 from gateway.pipeline.context.retrieval_groups import Group, groups_of, other_group
 from gateway.pipeline.context.retrieval_hop import second_hop
 from gateway.pipeline.context.retrieval_search import index_backlog, search_both
+from gateway.pipeline.context.retrieval_unindexed import RankViews, in_hand, keyword_hits
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.context.tail_lines import line_of
 from gateway.ports import JSON, Embedder, JobQueue, JSONObject, MessageStore, Similarity, VectorIndex
@@ -97,6 +98,8 @@ class RetrievalSection:
     config: RetrievalConfig
     clock: Callable[[], datetime]
     jobs: JobQueue | None = None  # says how much of the conversation is still waiting for the index
+    # Ranks the history in hand by keyword while the index has not written it (retrieval_unindexed.py).
+    rank_views: RankViews | None = None
     name: str = "retrieval"
     whole: bool = False
     # (encoding, message id) -> tokens of the message's line and the line break after it (forgotten all
@@ -193,6 +196,15 @@ class RetrievalSection:
             found.detail["skipped"] = "index unavailable"
             return found
         result, found.other, embed_seconds = outcome
+        if self.rank_views is not None and in_hand(
+            found.detail.get("index_backlog"), state.appended, len(path)
+        ):
+            rank = partial(keyword_hits, self.rank_views, question, path, newest_older + 1, first_depth)
+            hits = await anyio.to_thread.run_sync(
+                rank, state.conversation_id, self.config.candidates, self.clock()
+            )
+            result = SearchResult(result.semantic, hits)
+            found.detail["keyword_in_hand"] = True
         searched = time.perf_counter()
         candidates = fuse(result, self._semantic_weight(question))
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
