@@ -252,8 +252,9 @@ class Postings:
 class ViewRanker:
     """BM25 over messages the index has not written yet (a long history that just arrived): each message
     alone, with the one before it, and with both neighbours, as the index's three views hold them
-    (jobs/embed.py, `index_rows`), so its ranking matches the index's once the texts land. A message's
-    terms are made once a call and joined for the views (a phrase may not span two messages here)."""
+    (jobs/embed.py, `index_rows`), with the scores `Postings` would give those rows. Per call it counts
+    only the question's terms in each message and sums them per view (postings of every term cost 4x
+    more); a phrase must stand within one message."""
 
     analyzer: Analyzer = field(default_factory=Analyzer)
 
@@ -261,22 +262,39 @@ class ViewRanker:
         """(index of the message in `texts`, view, score) for the best `limit` rows, best first; an empty
         text has no views of its own, as in the index."""
         query = self.analyzer.query(question)
-        if query is None or limit <= 0:
+        if query is None or limit <= 0 or not texts:
             return []
-        own = [self.analyzer.terms(cjk_bigrams(t)) if t else ([], []) for t in texts]
-        docs: list[Terms] = []
-        owners: list[tuple[int, str]] = []
+        columns = {
+            t: j
+            for j, t in enumerate(dict.fromkeys([*query.terms, *(w for p in query.phrases for w in p[0])]))
+        }
+        counts = np.zeros((len(texts) + 1, len(columns)), dtype=np.float32)  # the last row: no message
+        lengths = np.zeros(len(texts) + 1, dtype=np.float32)
+        phrased = np.zeros((len(texts) + 1, len(query.phrases)), dtype=np.bool_)
         for i, text in enumerate(texts):
             if not text:
                 continue
-            docs.append(own[i])
-            owners.append((i, "m"))
-            if i >= 1 and texts[i - 1]:
-                docs.append(_joined(own[i - 1 : i + 1]))
-                owners.append((i, "p"))
-                docs.append(_joined(own[max(i - 2, 0) : i + 1]))
-                owners.append((i - 1, "w"))
-        scores = Postings().extended(docs).scores(query)
+            words, at = self.analyzer.terms(cjk_bigrams(text))
+            lengths[i] = len(words)
+            for word in words:
+                j = columns.get(word)
+                if j is not None:
+                    counts[i, j] += 1
+            for k, (phrase, offsets) in enumerate(query.phrases):
+                phrased[i, k] = _holds(words, at, phrase, offsets)
+        members, owners = _views(texts)
+        if not owners:
+            return []
+        rows = counts[members].sum(axis=1)
+        row_lengths = lengths[members].sum(axis=1)
+        held = (rows > 0).sum(axis=0)
+        idf = np.log(1.0 + (len(rows) - held + 0.5) / (held + 0.5)).astype(np.float32)
+        norm = K1 * (1.0 - B + B * row_lengths / max(float(row_lengths.mean()), 1.0))
+        weights = idf * rows * (K1 + 1.0) / (rows + norm[:, None])
+        scores = weights[:, [columns[t] for t in query.terms]].sum(axis=1)
+        for k, (phrase, _) in enumerate(query.phrases):
+            whole = phrased[members, k].any(axis=1)
+            scores[whole] += weights[np.ix_(whole, [columns[t] for t in phrase])].sum(axis=1)
         matched = np.flatnonzero(scores > 0)
         if len(matched) > limit:
             matched = matched[np.argpartition(-scores[matched], limit - 1)[:limit]]
@@ -284,13 +302,31 @@ class ViewRanker:
         return [(*owners[row], float(scores[row])) for row in order]
 
 
-def _joined(parts: Sequence[Terms]) -> Terms:
-    """Several texts' terms as one text's, each text's positions after the last one's."""
-    terms: list[str] = []
-    at: list[int] = []
-    offset = 0
-    for words, positions in parts:
-        terms += words
-        at += [p + offset for p in positions]
-        offset += (positions[-1] + 2) if positions else 0
-    return terms, at
+def _views(texts: Sequence[str]) -> tuple[Ints, list[tuple[int, str]]]:
+    """Each view's messages (up to three; `len(texts)` where none) and its owner and kind, as
+    `index_rows` writes them."""
+    none = len(texts)
+    members: list[tuple[int, int, int]] = []
+    owners: list[tuple[int, str]] = []
+    for i, text in enumerate(texts):
+        if not text:
+            continue
+        members.append((i, none, none))
+        owners.append((i, "m"))
+        if i >= 1 and texts[i - 1]:
+            members.append((i - 1, i, none))
+            owners.append((i, "p"))
+            members.append((i - 2 if i >= 2 else none, i - 1, i))
+            owners.append((i - 1, "w"))
+    return np.asarray(members, dtype=np.int32).reshape(-1, 3), owners
+
+
+def _holds(words: list[str], at: list[int], phrase: tuple[str, ...], offsets: tuple[int, ...]) -> bool:
+    """Whether `phrase` stands in these terms in its order, next to each other (as `Postings.scores`)."""
+    if not set(phrase) <= set(words):
+        return False
+    starts = [
+        {p - offset for w, p in zip(words, at, strict=True) if w == term}
+        for term, offset in zip(phrase, offsets, strict=True)
+    ]
+    return bool(set.intersection(*starts))
