@@ -44,7 +44,7 @@ from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, com
 from gateway.pipeline.context.retrieval_groups import Group, groups_of, other_group
 from gateway.pipeline.context.retrieval_hop import second_hop
 from gateway.pipeline.context.retrieval_search import index_backlog, search_both
-from gateway.pipeline.context.retrieval_unindexed import RankViews, in_hand, keyword_hits
+from gateway.pipeline.context.retrieval_unindexed import InHand, RankViews, in_hand
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.pipeline.context.tail_lines import line_of
 from gateway.ports import JSON, Embedder, JobQueue, JSONObject, MessageStore, Similarity, VectorIndex
@@ -88,6 +88,7 @@ class _Found:
     matched_terms: list[str] = field(default_factory=list)
     detail: JSONObject = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    in_hand: InHand | None = None  # the history ranked by keyword in hand, not in the index yet
 
 
 @dataclass(slots=True)
@@ -199,12 +200,10 @@ class RetrievalSection:
         if self.rank_views is not None and in_hand(
             found.detail.get("index_backlog"), state.appended, len(path)
         ):
-            rank = partial(keyword_hits, self.rank_views, question, path, newest_older + 1, first_depth)
-            hits = await anyio.to_thread.run_sync(
-                rank, state.conversation_id, self.config.candidates, self.clock()
-            )
-            result = SearchResult(result.semantic, hits)
-            found.detail["keyword_in_hand"] = True
+            older = newest_older + 1
+            hand = InHand(self.rank_views, path, older, first_depth, state.conversation_id, self.clock())
+            result = SearchResult(result.semantic, (await hand.search(query)).keyword)
+            found.in_hand, found.detail["keyword_in_hand"] = hand, True
         searched = time.perf_counter()
         candidates = fuse(result, self._semantic_weight(question))
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
@@ -316,7 +315,15 @@ class RetrievalSection:
         boost(on_path, texts, weights, positions, len(path), recency)
         hopped = time.perf_counter()
         hop = await second_hop(
-            self.index, query, found.matched_terms, found.dates, on_path, path, positions, recent, texts
+            found.in_hand or self.index,
+            query,
+            found.matched_terms,
+            found.dates,
+            on_path,
+            path,
+            positions,
+            recent,
+            texts,
         )
         if hop:
             found.detail["hop"] = list[JSON](hop)

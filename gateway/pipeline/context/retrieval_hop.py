@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
+from typing import Protocol
 
 from gateway.errors import StoreError
 from gateway.pipeline.call import HistoryItem
 from gateway.pipeline.context.question import capitalised_names, contains_term, named_terms, states
 from gateway.pipeline.context.ranking import Candidate
-from gateway.ports import VectorIndex
-from gateway.records import IndexHit, SearchQuery
+from gateway.records import IndexHit, SearchQuery, SearchResult
 from gateway.text import message_text
 
 HOP_FROM = 2
@@ -23,8 +23,14 @@ HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere 
 HOP_TERMS = 4  # leads searched at most: a query of more finds messages holding only some of them
 
 
+class KeywordSearch(Protocol):
+    """What the hop asks of the index (a `VectorIndex`, or the history in hand: retrieval_unindexed.py)."""
+
+    async def search(self, query: SearchQuery) -> SearchResult: ...
+
+
 async def second_hop(
-    index: VectorIndex,
+    index: KeywordSearch,
     query: SearchQuery,
     matched_terms: list[str],
     dates: dict[str, datetime | None],
