@@ -202,7 +202,7 @@ class RetrievalSection:
         ):
             older = newest_older + 1
             hand = InHand(self.rank_views, path, older, first_depth, state.conversation_id, self.clock())
-            result = SearchResult(result.semantic, (await hand.search(query)).keyword)
+            result = SearchResult(result.semantic, await hand.joined(query, result.keyword))
             found.in_hand, found.detail["keyword_in_hand"] = hand, True
         searched = time.perf_counter()
         candidates = fuse(result, self._semantic_weight(question))
