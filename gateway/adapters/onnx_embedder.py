@@ -29,6 +29,9 @@ SIMILARITY = Similarity(english_only=True)
 DIMENSIONS = 384
 # all-MiniLM-L6-v2's `max_seq_length` (sentence_bert_config.json): longer texts were never trained on.
 MAX_WORD_PIECES = 256
+# Word pieces one model call holds (texts x the longest): attention's memory grows with the square of the
+# width, and 32 texts of 256 pieces in one call held ~200 MB at once (BENCHMARKS.md, issue 29).
+MAX_BATCH_PIECES = 4_096
 VOCAB_FILE = "all-MiniLM-L6-v2-vocab.txt"
 
 FloatArray = npt.NDArray[np.float32]
@@ -136,23 +139,37 @@ class OnnxEmbedder:
             raise EmbeddingError("the local embedder is closed")
         try:
             # One text at a time: `encode_batch` would fan out over a Rust thread pool on every core.
-            encodings = [self._tokenizer.encode(text) for text in texts]
-            width = max(len(e.ids) for e in encodings)
-            ids = np.zeros((len(texts), width), dtype=np.int64)  # 0 is [PAD]
-            mask = np.zeros((len(texts), width), dtype=np.int64)
-            for row, encoding in enumerate(encodings):
-                ids[row, : len(encoding.ids)] = encoding.ids
-                mask[row, : len(encoding.ids)] = 1
-            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-            (hidden,) = session.run(["last_hidden_state"], feeds)
+            pieces = [self._tokenizer.encode(text).ids for text in texts]
+            out = np.empty((len(texts), DIMENSIONS), dtype=np.float32)
+            order = sorted(range(len(pieces)), key=lambda i: len(pieces[i]), reverse=True)
+            start = 0
+            while start < len(order):
+                # Longest first: each call's width is its first text's.
+                count = max(1, MAX_BATCH_PIECES // max(len(pieces[order[start]]), 1))
+                chunk = order[start : start + count]
+                out[chunk] = _infer(session, [pieces[i] for i in chunk])
+                start += count
         # See __init__: the foreign libraries' errors share no narrower base; only their calls are inside.
         except Exception as exc:
             raise EmbeddingError(f"local embedding failed: {type(exc).__name__}: {exc}") from exc
-        return _pool(np.asarray(hidden, dtype=np.float32), mask)
+        return out
 
     async def aclose(self) -> None:
         # A batch already running keeps its own reference to the session and finishes.
         self._session = None
+
+
+def _infer(session: ort.InferenceSession, pieces: list[list[int]]) -> FloatArray:
+    """One model call over these texts' word pieces, padded to the longest; their pooled vectors."""
+    width = max(len(p) for p in pieces)
+    ids = np.zeros((len(pieces), width), dtype=np.int64)  # 0 is [PAD]
+    mask = np.zeros((len(pieces), width), dtype=np.int64)
+    for row, piece in enumerate(pieces):
+        ids[row, : len(piece)] = piece
+        mask[row, : len(piece)] = 1
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    (hidden,) = session.run(["last_hidden_state"], feeds)
+    return _pool(np.asarray(hidden, dtype=np.float32), mask)
 
 
 def _pool(hidden: FloatArray, mask: npt.NDArray[np.int64]) -> FloatArray:
