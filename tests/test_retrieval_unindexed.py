@@ -8,7 +8,12 @@ from datetime import UTC, datetime
 
 from gateway.adapters.keyword_rank import ViewRanker
 from gateway.pipeline.call import HistoryItem
-from gateway.pipeline.context.retrieval_unindexed import UNSEARCHABLE_SLACK, InHand, in_hand
+from gateway.pipeline.context.retrieval_unindexed import (
+    MAX_MESSAGES,
+    UNSEARCHABLE_SLACK,
+    InHand,
+    in_hand,
+)
 from gateway.records import IndexHit, SearchQuery
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -18,7 +23,7 @@ def test_it_applies_once_more_than_a_turn_or_two_wait_for_the_index() -> None:
     assert not in_hand({"unsearchable": 2}, 2, 500)  # a chat's newest exchange waits on every turn
     assert in_hand({"unsearchable": UNSEARCHABLE_SLACK + 1}, 0, 500)
     assert in_hand(None, 699, 700)  # the request itself brought the history: its job is not queued yet
-    assert not in_hand({"unsearchable": 5_000}, 0, 50_000)  # too long to rank on a request
+    assert not in_hand({"unsearchable": 5_000}, 0, MAX_MESSAGES + 1)  # too long to rank on a request
 
 
 def test_a_thin_clients_stretch_is_ranked_in_hand_and_the_index_keeps_what_is_older() -> None:

@@ -23,8 +23,8 @@ RankViews = Callable[[str, Sequence[str], int], list[tuple[int, str, float]]]
 # from the history in hand: a chat's newest exchange or two wait for their job on every turn, and those
 # are in the recent window anyway.
 UNSEARCHABLE_SLACK = 16
-# The most messages ranked in hand (a request's CPU: ~3 views each).
-MAX_MESSAGES = 20_000
+# The most messages ranked in hand: ~12 ms of CPU per 700 on the request path, so ~90 ms at this bound.
+MAX_MESSAGES = 5_000
 
 
 def in_hand(backlog: object, appended: int, path_length: int) -> bool:
