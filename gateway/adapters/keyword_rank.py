@@ -14,8 +14,10 @@ here with their Chinese, Japanese and Korean runs already spelled as bigrams (`c
 
 Ranking: Okapi BM25 (k1 1.2, b 0.75, Lucene's idf) over the conversation's own rows, so one tenant's
 texts never weigh in another's ranking. An identifier of the question ("parse_config.py") is also a
-phrase: rows holding all of its terms get their scores again (the table's index also checks that they
-stand next to each other; here they need only all be there).
+phrase: rows holding its terms in order, next to each other, get their scores again (as the table's
+index's phrase clause does).
+
+`ViewRanker` ranks a history the index has not written yet the same way, from the texts in hand.
 """
 
 from __future__ import annotations
