@@ -30,7 +30,7 @@ DIMENSIONS = 384
 # all-MiniLM-L6-v2's `max_seq_length` (sentence_bert_config.json): longer texts were never trained on.
 MAX_WORD_PIECES = 256
 # Word pieces one model call holds (texts x the longest): attention's memory grows with the square of the
-# width, and 32 texts of 256 pieces in one call held ~200 MB at once (BENCHMARKS.md, issue 29).
+# width (32 texts of 256 pieces: 100 MB a layer's scores; BENCHMARKS.md, issue 29).
 MAX_BATCH_PIECES = 4_096
 VOCAB_FILE = "all-MiniLM-L6-v2-vocab.txt"
 
