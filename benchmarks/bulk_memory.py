@@ -1,6 +1,6 @@
 """Where a bulk import's memory goes: `python -m gateway serve` (default settings) gets `--messages` LoCoMo
-messages in one request; its resident memory is read from /proc/PID/smaps every second, grouped by
-mapping, until every message is indexed with its neighbours (issue 29).
+messages in one request; its resident memory is read from /proc/PID/smaps every `--every` seconds
+(default 1), grouped by mapping, until every message is indexed with its neighbours (issue 29).
 
     python benchmarks/bulk_memory.py                  # 2,500 messages
     python benchmarks/bulk_memory.py --messages 700
@@ -72,6 +72,7 @@ def main() -> None:
     )
     parser.add_argument("--messages", type=int, default=2500)
     parser.add_argument("--limit", type=float, default=900, help="seconds to wait for the index")
+    parser.add_argument("--every", type=float, default=1.0, help="seconds between samples")
     args = parser.parse_args()
     turns = history(LOCOMO, args.messages)
     if turns[-1]["role"] == "assistant":
@@ -103,7 +104,7 @@ def main() -> None:
                                 f"  {time.monotonic() - started:5.0f} s: {top[0]} MB ({shown(now)})",
                                 flush=True,
                             )
-                        time.sleep(1)
+                        time.sleep(args.every)
 
                 sampler = threading.Thread(target=sample)
                 sampler.start()
