@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import cast
 
@@ -81,6 +82,9 @@ MALLOC_ARENAS = 2
 MMAP_THRESHOLD_BYTES = 256 * 1024
 # Free memory at the heap's top beyond this goes back to the system at once.
 TRIM_THRESHOLD_BYTES = 1024 * 1024
+# pyarrow's own pool (mimalloc) kept what LanceDB's rows passed through it: 7,500 rows written in 50
+# writes left a process 75 MB larger than on the system's allocator (BENCHMARKS.md, issue 29).
+ARROW_POOL = "system"
 
 
 def tune_malloc() -> bool:
@@ -89,7 +93,9 @@ def tune_malloc() -> bool:
     of their own at a fixed threshold, and the heap's free top returned. False where there is no such
     call (musl, macOS) or jemalloc serves malloc. Call first, before threads start (BENCHMARKS.md, issue
     29). The fixed threshold costs the background jobs ~12 % more time (pages mapped afresh per block);
-    jemalloc held as little without that cost, hence the Docker image's."""
+    jemalloc held as little without that cost, hence the Docker image's. Arrow's buffers go to that
+    allocator too (`ARROW_POOL`)."""
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", ARROW_POOL)  # read by pyarrow's first allocation
     if jemalloc_loaded():
         return False
     try:

@@ -370,6 +370,25 @@ def test_a_serving_process_gives_large_blocks_pages_of_their_own_at_a_fixed_thre
     assert run("plain") == "None 0"
 
 
+def test_a_serving_process_gives_arrow_buffers_to_the_system_allocator_unless_told_otherwise() -> None:
+    """pyarrow's own pool (mimalloc) kept the memory LanceDB's rows passed through; `tune_malloc` sets
+    its default pool to the system's allocator before pyarrow's first allocation, and an operator's own
+    ARROW_DEFAULT_MEMORY_POOL stands."""
+    probe = (
+        "from gateway.collector import tune_malloc\n"
+        "tune_malloc()\n"
+        "import gateway.app, pyarrow\n"
+        "print(pyarrow.default_memory_pool().backend_name)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    argv = [sys.executable, "-c", probe]
+    tuned = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+    assert tuned.stdout.strip() == "system"
+    chosen = {**env, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"}
+    kept = subprocess.run(argv, capture_output=True, text=True, check=True, env=chosen)
+    assert kept.stdout.strip() == "mimalloc"
+
+
 def test_a_process_on_jemalloc_is_left_to_it() -> None:
     """The Docker image preloads jemalloc (its own decay returns freed pages, without the fixed
     threshold's cost to the jobs): then glibc's settings and trims are skipped, not set on a heap nothing
