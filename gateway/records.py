@@ -420,6 +420,22 @@ class IndexRow:
     dated: bool = True  # False: `created_at` is when the gateway stored it, not when it was said
 
 
+def message_views(present: Sequence[bool], start: int = 0) -> list[tuple[int, str, tuple[int, ...]]]:
+    """The `IndexRow` views of messages `start`.. of a path whose messages have text where `present`:
+    (the message the view belongs to, its kind, the messages whose texts it joins, oldest first). A message
+    without text gets no view of its own; a "w" view is made when its child arrives, so it follows it."""
+    views: list[tuple[int, str, tuple[int, ...]]] = []
+    for i in range(start, len(present)):
+        if not present[i]:
+            continue
+        views.append((i, "m", (i,)))
+        if i >= 1 and present[i - 1]:
+            views.append((i, "p", (i - 1, i)))
+            before = (i - 2,) if i >= 2 and present[i - 2] else ()
+            views.append((i - 1, "w", (*before, i - 1, i)))
+    return views
+
+
 @dataclass(frozen=True, slots=True)
 class SearchQuery:
     tenant: str

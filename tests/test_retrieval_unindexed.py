@@ -14,16 +14,16 @@ from gateway.pipeline.context.retrieval_unindexed import (
     InHand,
     in_hand,
 )
-from gateway.records import IndexHit, SearchQuery
+from gateway.records import IndexBacklog, IndexHit, SearchQuery
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def test_it_applies_once_more_than_a_turn_or_two_wait_for_the_index() -> None:
-    assert not in_hand({"unsearchable": 2}, 2, 500)  # a chat's newest exchange waits on every turn
-    assert in_hand({"unsearchable": UNSEARCHABLE_SLACK + 1}, 0, 500)
+    assert not in_hand(IndexBacklog(unsearchable=2), 2, 500)  # a chat's newest exchange waits every turn
+    assert in_hand(IndexBacklog(unsearchable=UNSEARCHABLE_SLACK + 1), 0, 500)
     assert in_hand(None, 699, 700)  # the request itself brought the history: its job is not queued yet
-    assert not in_hand({"unsearchable": 5_000}, 0, MAX_MESSAGES + 1)  # too long to rank on a request
+    assert not in_hand(IndexBacklog(unsearchable=5_000), 0, MAX_MESSAGES + 1)  # too long for a request
 
 
 def test_a_thin_clients_stretch_is_ranked_in_hand_and_the_index_keeps_what_is_older() -> None:

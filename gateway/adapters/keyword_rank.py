@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import Stemmer
 
+from gateway.records import message_views
 from gateway.text import cjk_bigrams
 
 K1 = 1.2
@@ -254,7 +255,7 @@ class Postings:
 class ViewRanker:
     """BM25 over messages the index has not written yet (a long history that just arrived): each message
     alone, with the one before it, and with both neighbours, as the index's three views hold them
-    (jobs/embed.py, `index_rows`), with the scores `Postings` would give those rows. Per call it counts
+    (`records.message_views`), with the scores `Postings` would give those rows. Per call it counts
     only the question's terms in each message and sums them per view (postings of every term cost 4x
     more); a phrase must stand within one message."""
 
@@ -305,22 +306,12 @@ class ViewRanker:
 
 
 def _views(texts: Sequence[str]) -> tuple[Ints, list[tuple[int, str]]]:
-    """Each view's messages (up to three; `len(texts)` where none) and its owner and kind, as
-    `index_rows` writes them."""
+    """Each view's messages (up to three; `len(texts)` where fewer) and its owner and kind, as the index
+    makes them (`message_views`)."""
     none = len(texts)
-    members: list[tuple[int, int, int]] = []
-    owners: list[tuple[int, str]] = []
-    for i, text in enumerate(texts):
-        if not text:
-            continue
-        members.append((i, none, none))
-        owners.append((i, "m"))
-        if i >= 1 and texts[i - 1]:
-            members.append((i - 1, i, none))
-            owners.append((i, "p"))
-            members.append((i - 2 if i >= 2 else none, i - 1, i))
-            owners.append((i - 1, "w"))
-    return np.asarray(members, dtype=np.int32).reshape(-1, 3), owners
+    views = message_views([bool(t) for t in texts])
+    members = [(*joined, *(none,) * (3 - len(joined))) for _, _, joined in views]
+    return np.asarray(members, dtype=np.int32).reshape(-1, 3), [(owner, kind) for owner, kind, _ in views]
 
 
 def _holds(words: list[str], at: list[int], phrase: tuple[str, ...], offsets: tuple[int, ...]) -> bool:

@@ -22,7 +22,15 @@ from dataclasses import dataclass, replace
 from gateway.errors import EmbeddingError
 from gateway.jobs.worker import JobObserver
 from gateway.ports import Embedder, JobQueue, MessageStore, VectorIndex
-from gateway.records import EMBED, EmbedWork, IndexRow, Job, StoredMessage, embed_key_prefix
+from gateway.records import (
+    EMBED,
+    EmbedWork,
+    IndexRow,
+    Job,
+    StoredMessage,
+    embed_key_prefix,
+    message_views,
+)
 from gateway.text import message_text
 
 log = logging.getLogger(__name__)
@@ -75,15 +83,11 @@ def index_rows(tenant: str, user_id: str | None, path: Sequence[StoredMessage], 
             )
         )
 
-    for index in range(max(len(path) - count, 0), len(path)):
-        if not texts[index]:
-            continue  # nothing to find it by (an empty tool-call shell is found through its neighbours)
-        row(index, "m", texts[index])
-        if index >= 1 and texts[index - 1]:
-            row(index, "p", f"{texts[index - 1]}\n{texts[index]}")
-            before = texts[index - 2] if index >= 2 else ""
-            window = "\n".join(t for t in (before, texts[index - 1], texts[index]) if t)
-            row(index - 1, "w", window, f":{path[index].node.id}")  # keyed by the child: branches differ
+    # An empty message (a tool-call shell) has nothing to find it by: it is found through its neighbours.
+    for owner, view, members in message_views([bool(t) for t in texts], max(len(path) - count, 0)):
+        # A "w" row is keyed by its child too: branches give a message several.
+        suffix = f":{path[members[-1]].node.id}" if view == "w" else ""
+        row(owner, view, "\n".join(texts[j] for j in members), suffix)
     return rows
 
 

@@ -89,6 +89,7 @@ class _Found:
     detail: JSONObject = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     in_hand: InHand | None = None  # the history ranked by keyword in hand, not in the index yet
+    backlog: IndexBacklog | None = None  # the conversation's messages waiting for the index (None: none)
 
 
 @dataclass(slots=True)
@@ -140,8 +141,7 @@ class RetrievalSection:
         close_question = asks and found.best_similarity >= self.similarity.close
         # Old messages still waiting for their vectors (a long history that just arrived) cannot be
         # scored by meaning: a question is asked over them as if they matched.
-        backlog = found.detail.get("index_backlog")
-        unscored = asks and isinstance(backlog, dict) and bool(backlog.get("unembedded"))
+        unscored = asks and found.backlog is not None and found.backlog.unembedded > 0
         if (facts.about_past and past) or old_only or close_question or unscored:
             found.detail["why"] = (
                 "terms only old messages hold"
@@ -197,9 +197,7 @@ class RetrievalSection:
             found.detail["skipped"] = "index unavailable"
             return found
         result, found.other, embed_seconds = outcome
-        if self.rank_views is not None and in_hand(
-            found.detail.get("index_backlog"), state.appended, len(path)
-        ):
+        if self.rank_views is not None and in_hand(found.backlog, state.appended, len(path)):
             older = newest_older + 1
             hand = InHand(self.rank_views, path, older, first_depth, state.conversation_id, self.clock())
             result = SearchResult(result.semantic, await hand.joined(query, result.keyword))
@@ -265,6 +263,7 @@ class RetrievalSection:
             group.start_soon(search)
             group.start_soon(read_backlog)  # one small query, while the question is embedded
         if outcome is not None and backlog:
+            found.backlog = backlog
             # Part of the conversation was still being indexed: in no ranking yet, or only the keyword one.
             found.detail["index_backlog"] = {
                 "unsearchable": backlog.unsearchable,
@@ -314,16 +313,9 @@ class RetrievalSection:
         recency = CURRENT_RECENCY if found.facts.asks_current else 0.1
         boost(on_path, texts, weights, positions, len(path), recency)
         hopped = time.perf_counter()
+        searcher = found.in_hand or self.index  # the history in hand while the index lacks it
         hop = await second_hop(
-            found.in_hand or self.index,
-            query,
-            found.matched_terms,
-            found.dates,
-            on_path,
-            path,
-            positions,
-            recent,
-            texts,
+            searcher, query, found.matched_terms, found.dates, on_path, path, positions, recent, texts
         )
         if hop:
             found.detail["hop"] = list[JSON](hop)

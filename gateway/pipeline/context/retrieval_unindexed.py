@@ -6,13 +6,13 @@ recall (BENCHMARKS.md, issue 28: 115 of 423 LoCoMo questions asked right after g
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import anyio
 
 from gateway.pipeline.call import HistoryItem
-from gateway.records import IndexHit, SearchQuery, SearchResult
+from gateway.records import IndexBacklog, IndexHit, SearchQuery, SearchResult
 from gateway.text import message_text
 
 # (question, message texts, limit) -> (message index, view, score), best first: BM25 over each message's
@@ -27,14 +27,12 @@ UNSEARCHABLE_SLACK = 16
 MAX_MESSAGES = 5_000
 
 
-def in_hand(backlog: object, appended: int, path_length: int) -> bool:
+def in_hand(backlog: IndexBacklog | None, appended: int, path_length: int) -> bool:
     """Whether the index's keyword ranking misses enough of this path that the history in hand ranks it
-    instead: the report's `index_backlog` plus the messages this request added (their job is queued only
-    once the answer is stored)."""
-    if path_length > MAX_MESSAGES:
-        return False
-    unsearchable = backlog.get("unsearchable") if isinstance(backlog, dict) else 0
-    return isinstance(unsearchable, int) and unsearchable + appended > UNSEARCHABLE_SLACK
+    instead: the conversation's messages not yet written plus those this request added (their job is
+    queued only once the answer is stored)."""
+    unsearchable = backlog.unsearchable if backlog is not None else 0
+    return path_length <= MAX_MESSAGES and unsearchable + appended > UNSEARCHABLE_SLACK
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +46,12 @@ class InHand:
     first_depth: int
     conversation_id: str
     now: datetime
+    # The messages' texts, made once for the question and its second hop.
+    texts: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        texts = [message_text(item.message).strip() for item in self.path[: self.searched]]
+        object.__setattr__(self, "texts", texts)
 
     async def search(self, query: SearchQuery) -> SearchResult:
         """Keyword hits only (undated), on a worker thread: ~12 ms of CPU for 700 messages."""
@@ -60,9 +64,8 @@ class InHand:
         return [*(await self.search(query)).keyword, *(h for h in indexed if h.node_id not in held)]
 
     def _hits(self, question: str, limit: int) -> list[IndexHit]:
-        texts = [message_text(item.message).strip() for item in self.path[: self.searched]]
         hits: list[IndexHit] = []
-        for at, view, score in self.rank(question, texts, limit):
+        for at, view, score in self.rank(question, self.texts, limit):
             node_id = self.path[at].node_id
             if node_id is not None:
                 hit = IndexHit(
