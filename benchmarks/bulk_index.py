@@ -34,6 +34,7 @@ from gateway.adapters.lance_index import LanceIndex  # noqa: E402
 from gateway.adapters.onnx_embedder import OnnxEmbedder  # noqa: E402
 from gateway.adapters.sql.store import SqlStore  # noqa: E402
 from gateway.config import LocalEmbedderConfig  # noqa: E402
+from gateway.config_sections import NeighbourVectors  # noqa: E402
 from gateway.jobs.embed import DEFAULT_BATCH_MESSAGES, EmbedHandler, IndexTarget  # noqa: E402
 from gateway.pipeline.canonical import chain_hashes, root_hash  # noqa: E402
 from gateway.records import EMBED, AppendRequest, EmbedWork, NewMessage  # noqa: E402
@@ -103,7 +104,7 @@ async def pipeline(
     conversation: str,
     count: int,
     batch: int,
-    neighbour_vectors: bool = True,
+    neighbour_vectors: NeighbourVectors = "composed",
 ) -> dict[str, float]:
     index = LanceIndex.open(uri, f"bench_{tenant}", embedder.dimensions)
     handler = EmbedHandler(
@@ -149,9 +150,11 @@ async def main() -> None:
     parser.add_argument("--model-batch", type=int, default=defaults.batch_size, help="texts per model call")
     parser.add_argument("--pipeline-only", action="store_true", help="skip the model-alone replay")
     parser.add_argument(
-        "--no-neighbour-vectors",
-        action="store_true",
-        help="retrieval.neighbour_vectors: false (each message's own view embedded, the others as texts)",
+        "--neighbour-vectors",
+        choices=["composed", "model", "off"],
+        default="composed",
+        help="retrieval.neighbour_vectors: the views with neighbours composed from the messages' own vectors, "
+        "embedded by the model, or texts only",
     )
     args = parser.parse_args()
     messages = history(args.data, args.messages)
@@ -175,7 +178,7 @@ async def main() -> None:
                 conversation,
                 count,
                 args.batch,  # type: ignore[arg-type]
-                not args.no_neighbour_vectors,
+                args.neighbour_vectors,
             )
             alone = float("nan") if args.pipeline_only else await model_alone(embedder, recorder.calls)
             rows.append((alone, piped))

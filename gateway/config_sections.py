@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NeighbourVectors = Literal["composed", "model", "off"]
 
 
 class _Frozen(BaseModel):
@@ -80,9 +82,17 @@ class RetrievalConfig(_Frozen):
     other_conversations: bool = False
     # Messages one embed job indexes (three texts each); a longer stretch becomes several jobs.
     index_batch_messages: int = Field(default=64, ge=1)
-    # Embed the two views with neighbours too (each message's own view always is); off, they are found
-    # by keyword only and a history is embedded in a sixth of the model's work.
-    neighbour_vectors: bool = True
+    # The vectors of the two views with neighbours (each message's own view is always embedded):
+    # "composed" from their messages' own vectors (no model work), "model" embedded as texts (six times
+    # the model's work), "off" none (found by keyword only). true/false mean "model"/"off".
+    neighbour_vectors: NeighbourVectors = "composed"
+
+    @field_validator("neighbour_vectors", mode="before")
+    @classmethod
+    def _neighbour_vectors_of_bool(cls, value: object) -> object:
+        if isinstance(value, bool):  # the setting was a switch before "composed"
+            return "model" if value else "off"
+        return value
 
 
 class MemoryConfig(_Frozen):

@@ -273,7 +273,7 @@ async def verify(
                     deps.jobs,
                     target.index if target else None,
                     step,
-                    neighbour_vectors=target is None or target.neighbour_vectors,
+                    neighbour_vectors=target is None or target.neighbour_vectors != "off",
                 )
             )
         return results

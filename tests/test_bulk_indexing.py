@@ -25,6 +25,7 @@ from gateway.jobs.embed import (
     EmbedHandler,
     IndexTarget,
 )
+from gateway.jobs.neighbour_vectors import composed
 from gateway.records import EMBED, AppendRequest, EmbedWork, IndexBacklog, NewMessage, embed_key_prefix
 from gateway.verify import verify_tenant
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
@@ -48,13 +49,15 @@ def chain(count: int) -> list[NewMessage]:
 def test_a_long_stretch_is_indexed_in_bounded_jobs_texts_then_alone_then_with_neighbours_newest_first(
     database_url: str,
 ) -> None:
+    """`retrieval.neighbour_vectors: model`: the views with neighbours are embedded, in a last pass."""
+
     async def scenario() -> None:
         store = SqlStore.open(database_url)
         try:
             messages = chain(300)
             conversation_id = await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
             embedder, index = HashingEmbedder(16), MemoryIndex()
-            target = IndexTarget(embedder, index, batch_messages=50)
+            target = IndexTarget(embedder, index, batch_messages=50, neighbour_vectors="model")
             handler = EmbedHandler(store, {"acme": target}.get, store.jobs)
             await store.jobs.enqueue(EmbedWork(conversation_id, messages[-1].id, 300).job("acme"))
 
@@ -103,6 +106,59 @@ def test_a_long_stretch_is_indexed_in_bounded_jobs_texts_then_alone_then_with_ne
     asyncio.run(scenario())
 
 
+def test_composed_neighbour_vectors_index_a_long_stretch_in_one_pass_of_own_views(database_url: str) -> None:
+    """The default: the model embeds each message's own view (and the two before each job's stretch,
+    which its first views join); the views with neighbours get their members' vectors summed and
+    normalised, in the same job and the same write. No pass is left after the own views."""
+
+    async def scenario() -> None:
+        store = SqlStore.open(database_url)
+        try:
+            messages = chain(300)
+            conversation_id = await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
+            embedder, index = HashingEmbedder(16), MemoryIndex()
+            target = IndexTarget(embedder, index, batch_messages=50)
+            assert target.neighbour_vectors == "composed"
+            handler = EmbedHandler(store, {"acme": target}.get, store.jobs)
+            await store.jobs.enqueue(EmbedWork(conversation_id, messages[-1].id, 300).job("acme"))
+            first = (await store.jobs.lease("w", [EMBED], 60))[0]
+            await handler(first)
+            assert await store.jobs.complete(first, "w")
+            pending = await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme")
+            # The newest 150 are found by meaning in all three views; no pass with neighbours is owed.
+            assert IndexBacklog.of(pending) == IndexBacklog(unembedded=150)
+            with_vectors = {(r.row.depth, r.row.view) for r in index.rows.values() if r.unit is not None}
+            assert with_vectors == {(d, v) for d in range(150, 300) for v in "mp"} | {
+                (d, "w") for d in range(149, 299)
+            }
+            while jobs := await store.jobs.lease("w", [EMBED], 60):
+                await handler(jobs[0])
+                assert await store.jobs.complete(jobs[0], "w")
+            # Own views only: 150 a job, and the two messages before the first job's stretch.
+            assert [len(call) for call in embedder.calls] == [152, 150]
+            m = {r.row.depth: r.row.vector for r in index.rows.values() if r.row.view == "m"}
+            for held in index.rows.values():
+                depth, view = held.row.depth, held.row.view
+                members = {"m": [depth], "p": [depth - 1, depth], "w": [depth - 1, depth, depth + 1]}[view]
+                expected = composed([m[d] or [] for d in members if d in m])
+                assert held.row.vector is not None
+                assert max(abs(a - b) for a, b in zip(held.row.vector, expected, strict=True)) < 1e-6
+            exchange = chain(302)[300:]
+            await store.append(AppendRequest("acme", conversation_id, "u1", None, tuple(exchange)))
+            await store.jobs.enqueue(EmbedWork(conversation_id, exchange[-1].id, 2).job("acme"))
+            while jobs := await store.jobs.lease("w", [EMBED], 60):
+                await handler(jobs[0])
+                assert await store.jobs.complete(jobs[0], "w")
+            # The exchange: its two messages' own views and the two before them, for its joined views.
+            assert len(embedder.calls[-1]) == 4
+            verified = await verify_tenant("acme", store, store.jobs, index)
+            assert verified.index_rows == 302 + 301 + 301 and verified.rows_without_vector == 0
+        finally:
+            await store.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_without_neighbour_vectors_only_each_messages_own_view_is_embedded(database_url: str) -> None:
     """`retrieval.neighbour_vectors: false`: a long stretch and a later exchange are embedded one text a
     message; the views with neighbours are written as texts (found by keyword) and no pass is left."""
@@ -113,7 +169,7 @@ def test_without_neighbour_vectors_only_each_messages_own_view_is_embedded(datab
             messages = chain(300)
             conversation_id = await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
             embedder, index = HashingEmbedder(16), MemoryIndex()
-            target = IndexTarget(embedder, index, batch_messages=50, neighbour_vectors=False)
+            target = IndexTarget(embedder, index, batch_messages=50, neighbour_vectors="off")
             handler = EmbedHandler(store, {"acme": target}.get, store.jobs)
 
             async def run_jobs() -> None:
@@ -171,11 +227,10 @@ def test_texts_of_a_very_long_stretch_go_in_chunks_too(database_url: str) -> Non
             await store.jobs.complete(job, "w")
             pending = await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme")
             modes = sorted((p["mode"], p["count"]) for p in pending)
-            # The first job embedded the newest 300 messages alone (100 messages' worth of texts).
+            # The first job embedded the newest 300 messages' own views (100 messages' worth of texts)
+            # and composed their views with neighbours.
             assert modes == [("texts", 30), ("vectors", total - 300)]
-            assert IndexBacklog.of(pending) == IndexBacklog(
-                unsearchable=30, unembedded=total - 300, alone=300
-            )
+            assert IndexBacklog.of(pending) == IndexBacklog(unsearchable=30, unembedded=total - 300)
             alone = {r.row.node_id for r in index.rows.values() if r.row.view == "m"}
             assert alone == {m.id for m in messages[-TEXT_CHUNK_MESSAGES:]}
         finally:

@@ -89,6 +89,23 @@ def test_advanced_merges_into_the_sections_beside_it() -> None:
     assert (retrieval.embedder.provider, retrieval.embedder.batch_size) == ("fake", 8)
 
 
+@pytest.mark.parametrize(
+    ("value", "read"), [(None, "composed"), (True, "model"), (False, "off"), ("model", "model")]
+)
+def test_neighbour_vectors_reads_its_old_switch(value: object, read: str) -> None:
+    data = minimal()
+    if value is not None:
+        data["tenants"][0]["advanced"] = {"retrieval": {"neighbour_vectors": value}}
+    assert parse_config(data, {}).tenants[0].retrieval.neighbour_vectors == read
+
+
+def test_an_unknown_neighbour_vectors_value_is_named() -> None:
+    data = minimal()
+    data["tenants"][0]["advanced"] = {"retrieval": {"neighbour_vectors": "sometimes"}}
+    with pytest.raises(ConfigError, match=r"neighbour_vectors"):
+        parse_config(data, {})
+
+
 def test_the_history_memos_old_count_still_reads_in_bytes() -> None:
     data = minimal()
     data["advanced"] = {"storage": {"history_memo_messages": 1000}}

@@ -1,16 +1,18 @@
 """Embed job: index messages for retrieval, in three views each, texts and vectors.
 
 Each message is indexed in three views (itself; with its parent; with its parent and child) because a
-short reply ("yes, port 8443 then") carries its meaning in its neighbours. An exchange's views are
-embedded in one batch and written together. A large stretch (a long history arriving in one request, an
-import) is split into bounded jobs so none outlives its lease, in three passes, each newest first (what
-the next questions are most likely about): its texts, in chunks of `TEXT_CHUNK_MESSAGES` (the full-text
-index finds every message at once); each message's own view (findable by meaning, a sixth of the model's
-work: the other two views hold two and three messages); then the views with neighbours, unless
-`retrieval.neighbour_vectors` is off (they are then found by keyword only). A job embeds at
-most `IndexTarget.batch_messages` messages' worth of texts. If the embedder fails, the texts are written alone, so the messages are findable by keyword until
-a retry adds the vectors. Writes are keyed by row id: a retry rewrites nothing twice. Until its job has
-run (normally within a second of the answer) a message is in the recent window.
+short reply ("yes, port 8443 then") carries its meaning in its neighbours. By default the model embeds
+each message's own view and the two views with neighbours get their messages' vectors composed
+(`neighbour_vectors.py`); `retrieval.neighbour_vectors: model` embeds them as texts too, `off` writes them
+as texts only (found by keyword). An exchange's views are written together. A large stretch (a long
+history arriving in one request, an import) is split into bounded jobs so none outlives its lease, in
+passes, each newest first (what the next questions are most likely about): its texts, in chunks of
+`TEXT_CHUNK_MESSAGES` (the full-text index finds every message at once); each message's own view
+(findable by meaning, a sixth of the model's work of all three), with the composed views in the same
+jobs; with `model`, then the views with neighbours. A job embeds at most `IndexTarget.batch_messages`
+messages' worth of texts. If the embedder fails, the texts are written alone, so the messages are
+findable by keyword until a retry adds the vectors. Writes are keyed by row id: a retry rewrites nothing
+twice. Until its job has run (normally within a second of the answer) a message is in the recent window.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from gateway.config_sections import NeighbourVectors
 from gateway.errors import EmbeddingError
+from gateway.jobs.neighbour_vectors import composed
 from gateway.jobs.worker import JobObserver
 from gateway.ports import Embedder, JobQueue, MessageStore, VectorIndex
 from gateway.records import (
@@ -57,38 +61,55 @@ class IndexTarget:
     embedder: Embedder
     index: VectorIndex
     batch_messages: int = DEFAULT_BATCH_MESSAGES  # messages one job embeds (three texts each)
-    neighbour_vectors: bool = True  # off: the views with neighbours are written as texts, no vectors
+    # "composed": the views with neighbours get their messages' own vectors summed; "model": embedded;
+    # "off": written as texts, no vectors.
+    neighbour_vectors: NeighbourVectors = "composed"
 
 
 def index_rows(tenant: str, user_id: str | None, path: Sequence[StoredMessage], count: int) -> list[IndexRow]:
     """The views of the `count` newest messages of `path` (and the parent-and-child view of the message
     before them, whose child has now arrived). `path` holds at least two messages before those, if any."""
-    texts = [message_text(m.data).strip() for m in path]
-    rows: list[IndexRow] = []
+    return [row for row, _ in _views(tenant, user_id, path, [_text(m) for m in path], count)]
 
-    def row(index: int, view: str, text: str, suffix: str = "") -> None:
-        m = path[index]
-        rows.append(
-            IndexRow(
-                id=f"{m.node.id}:{view}{suffix}",
-                tenant=tenant,
-                user_id=user_id,
-                conversation_id=m.node.conversation_id,
-                node_id=m.node.id,
-                view=view,
-                depth=m.node.depth,
-                created_at=m.created_at,
-                text=text,
-                dated=m.meta.get("undated") is not True,
-            )
-        )
 
+def _text(message: StoredMessage) -> str:
+    return message_text(message.data).strip()
+
+
+def _views(
+    tenant: str, user_id: str | None, path: Sequence[StoredMessage], texts: Sequence[str], count: int
+) -> list[tuple[IndexRow, tuple[int, ...]]]:
+    """`index_rows`, each with the positions in `path` of the messages whose texts it joins."""
+    rows: list[tuple[IndexRow, tuple[int, ...]]] = []
     # An empty message (a tool-call shell) has nothing to find it by: it is found through its neighbours.
     for owner, view, members in message_views([bool(t) for t in texts], max(len(path) - count, 0)):
+        m = path[owner]
         # A "w" row is keyed by its child too: branches give a message several.
         suffix = f":{path[members[-1]].node.id}" if view == "w" else ""
-        row(owner, view, "\n".join(texts[j] for j in members), suffix)
+        row = IndexRow(
+            id=f"{m.node.id}:{view}{suffix}",
+            tenant=tenant,
+            user_id=user_id,
+            conversation_id=m.node.conversation_id,
+            node_id=m.node.id,
+            view=view,
+            depth=m.node.depth,
+            created_at=m.created_at,
+            text="\n".join(texts[j] for j in members),
+            dated=m.meta.get("undated") is not True,
+        )
+        rows.append((row, members))
     return rows
+
+
+def _model_views(how: NeighbourVectors, work: EmbedWork) -> tuple[str, ...]:
+    """The views whose texts the model embeds in this job; "vectors" jobs queued before the passes were
+    split embed all three."""
+    if how != "model":
+        return _VIEWS["vectors"]
+    if work.then is not None or work.mode == "context":
+        return _VIEWS.get(work.mode, _ALL_VIEWS)
+    return _ALL_VIEWS
 
 
 def _owner(row: IndexRow) -> str:
@@ -96,18 +117,26 @@ def _owner(row: IndexRow) -> str:
     return row.id.split(":")[2] if row.view == "w" else row.node_id
 
 
-def _within_chars(rows: Sequence[IndexRow], path: Sequence[StoredMessage], count: int) -> int:
-    """How many of the `count` newest messages of `path` (whose rows are `rows`) one job embeds: at
-    least one, and no more than BATCH_CHARS of texts."""
+def _within_chars(cost: dict[str, int], path: Sequence[StoredMessage], count: int, lookback: int) -> int:
+    """How many of the `count` newest messages of `path` one job embeds: at least one, and no more than
+    BATCH_CHARS of texts (`cost`: each message's, by id), counting the `lookback` messages before them
+    (embedded for the views that join them)."""
+    total = 0
+    newest = len(path) - 1
+    for taken in range(count):
+        total += cost.get(path[newest - taken].node.id, 0)
+        before = path[max(newest - taken - lookback, 0) : newest - taken]
+        if total + sum(cost.get(m.node.id, 0) for m in before) > BATCH_CHARS and taken > 0:
+            return taken
+    return count
+
+
+def _costs(rows: Sequence[IndexRow]) -> dict[str, int]:
+    """The characters the model reads of each message's `rows`, by the message that owns them."""
     cost: dict[str, int] = {}
     for r in rows:
         cost[_owner(r)] = cost.get(_owner(r), 0) + min(len(r.text), TEXT_COST_CHARS)
-    total = 0
-    for taken, message in enumerate(reversed(path[len(path) - count :])):
-        total += cost.get(message.node.id, 0)
-        if total > BATCH_CHARS and taken > 0:
-            return taken
-    return count
+    return cost
 
 
 @dataclass(slots=True)
@@ -131,58 +160,92 @@ class EmbedHandler:
 
     async def _embed(self, tenant: str, target: IndexTarget, work: EmbedWork) -> None:
         """Embed the newest views of the stretch that one job holds; queue the rest."""
-        views = _VIEWS.get(work.mode) if work.then is not None or work.mode == "context" else None
-        if not target.neighbour_vectors:
-            if work.mode == "context":
-                return  # queued before the setting was turned off
-            views = _VIEWS["vectors"]
+        how = target.neighbour_vectors
+        if work.mode == "context" and how == "off":
+            return  # queued before the setting was turned off
+        views = _model_views(how, work)
         # A job's bound is in texts: three views a message, or as many messages again when it embeds fewer.
-        count = min(work.count, target.batch_messages * 3 // len(views or _ALL_VIEWS))
+        count = min(work.count, target.batch_messages * 3 // len(views))
         found = await self._read(tenant, work, count)
         if found is None:
             return  # deleted meanwhile
         path, conversation_id, user_id = found
-        every_view = index_rows(tenant, user_id, path, count)
-        rows = [r for r in every_view if views is None or r.view in views]
-        count = _within_chars(rows, path, count)
+        texts = [_text(m) for m in path]
+        every_view = _views(tenant, user_id, path, texts, count)
+        if how == "composed":  # each message's own view, and those of the two before the stretch
+            cost = {m.node.id: min(len(t), TEXT_COST_CHARS) for m, t in zip(path, texts, strict=True)}
+            count = _within_chars(cost, path, count, lookback=2)
+        else:
+            count = _within_chars(_costs([r for r, _ in every_view if r.view in views]), path, count, 0)
         if work.mode == "all" and work.count > count:
             # Too large for one job (many messages, or long ones): every message findable by keyword
             # first, then by meaning alone (one text each, a sixth of the model's work), then with its
             # neighbours, each pass in bounded jobs, newest first.
             await self._texts(tenant, target, replace(work, mode="texts"))
             stretch = (work.leaf_id, work.count)
-            # `then`: the neighbours' pass to queue after this one (none when they get no vectors).
-            then = stretch if target.neighbour_vectors else None
+            # `then`: the neighbours' pass to queue after this one (none unless the model embeds them).
+            then = stretch if how == "model" else None
             await self._embed(tenant, target, EmbedWork(conversation_id, *stretch, "vectors", then))
             return
         kept = {m.node.id for m in path[len(path) - count :]}
-        rows = [r for r in rows if _owner(r) in kept]
-        # Without neighbour vectors, an exchange's other views still go in, as texts (found by keyword).
-        texts_only = (
-            [r for r in every_view if r.view not in _VIEWS["vectors"] and _owner(r) in kept]
-            if work.mode == "all" and not target.neighbour_vectors
-            else []
-        )
-        if rows:
-            try:
-                vectors = await target.embedder.embed([r.text for r in rows])
-            except EmbeddingError:
-                if work.mode == "all":
-                    await target.index.add([*rows, *texts_only])  # by keyword meanwhile; a retry embeds
-                raise
-            # One write per batch (each write is a new table version and fragment, see lance_index); it
-            # also fills in the vectors of rows whose texts were written first.
-            embedded = [replace(r, vector=v) for r, v in zip(rows, vectors, strict=True)]
-            await target.index.add([*embedded, *texts_only])
-        elif texts_only:
-            await target.index.add(texts_only)
+        chosen = [(r, members) for r, members in every_view if _owner(r) in kept]
+        if how == "composed":
+            await self._composed(target, work, chosen, texts)
+        else:
+            await self._by_model(target, work, [r for r, _ in chosen], views)
         if await self._deleted(tenant, target, conversation_id):
             return
         if work.count > count:
             rest = replace(work, leaf_id=path[-count - 1].node.id, count=work.count - count)
             await self.queue.enqueue(rest.job(tenant))
-        elif work.mode == "vectors" and work.then is not None and target.neighbour_vectors:
+        elif work.mode == "vectors" and work.then is not None and how == "model":
             await self.queue.enqueue(EmbedWork(conversation_id, *work.then, "context").job(tenant))
+
+    async def _by_model(
+        self, target: IndexTarget, work: EmbedWork, chosen: list[IndexRow], views: tuple[str, ...]
+    ) -> None:
+        """Embed the chosen rows of `views` one text each; without neighbour vectors, an exchange's other
+        views still go in, as texts (found by keyword)."""
+        rows = [r for r in chosen if r.view in views]
+        texts_only = [r for r in chosen if r.view not in views] if work.mode == "all" else []
+        if not rows:
+            if texts_only:
+                await target.index.add(texts_only)
+            return
+        try:
+            vectors = await target.embedder.embed([r.text for r in rows])
+        except EmbeddingError:
+            if work.mode == "all":
+                await target.index.add([*rows, *texts_only])  # by keyword meanwhile; a retry embeds
+            raise
+        # One write per batch (each write is a new table version and fragment, see lance_index); it
+        # also fills in the vectors of rows whose texts were written first.
+        embedded = [replace(r, vector=v) for r, v in zip(rows, vectors, strict=True)]
+        await target.index.add([*embedded, *texts_only])
+
+    async def _composed(
+        self,
+        target: IndexTarget,
+        work: EmbedWork,
+        chosen: list[tuple[IndexRow, tuple[int, ...]]],
+        texts: list[str],
+    ) -> None:
+        """Embed the own view of every message the chosen rows join (the two before the stretch too:
+        its first views hold them), and give each view with neighbours its members' vectors composed."""
+        members = sorted({j for _, joined in chosen for j in joined})
+        if not members:
+            return
+        try:
+            vectors = dict(
+                zip(members, await target.embedder.embed([texts[j] for j in members]), strict=True)
+            )
+        except EmbeddingError:
+            if work.mode == "all":
+                await target.index.add([r for r, _ in chosen])  # by keyword meanwhile; a retry embeds
+            raise
+        await target.index.add(
+            [replace(r, vector=composed([vectors[j] for j in joined])) for r, joined in chosen]
+        )
 
     async def _absorb(self, job: Job, work: EmbedWork) -> EmbedWork:
         """This job's work grown by the conversation's later exchanges still queued on the same branch,
