@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -120,6 +121,47 @@ def test_onnx_concurrent_calls_do_not_mix_results(onnx: OnnxEmbedder) -> None:
     a, b, alone = run(scenario)
     for got, expected in zip(a + b, alone, strict=True):
         assert max(abs(x - y) for x, y in zip(got, expected, strict=True)) < 1e-4
+
+
+def _niceness_of_threads() -> dict[int, int]:
+    """Each thread of this process and its niceness, as the kernel reports it (Linux)."""
+    nice: dict[int, int] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        nice[int(task.name)] = int(fields[16])  # stat's 19th field; [0] here is the 3rd (state)
+    return nice
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a niceness per thread is Linux's")
+def test_onnx_background_batches_run_on_a_nicer_thread_and_queries_do_not() -> None:
+    embedder = OnnxEmbedder(threads=1, batch_size=8)
+    process = os.getpriority(os.PRIO_PROCESS, 0)
+    before = _niceness_of_threads()
+    seen: dict[str, int] = {}
+    run_texts = embedder._run
+
+    def on(lane: str) -> Callable[[list[str]], object]:
+        def recorded(texts: list[str]) -> object:
+            seen[lane] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            return run_texts(texts)
+
+        return recorded
+
+    try:
+        embedder._run = on("batch")  # type: ignore[method-assign]
+        run(lambda: embedder.embed(MIXED))
+        embedder._run = on("query")  # type: ignore[method-assign]
+        run(lambda: embedder.embed_query("which port did we pick for staging?"))
+        assert seen == {"batch": min(process + 10, 19), "query": process}
+        # One new thread, nicer (the batches'); the threads there before were not touched.
+        after = _niceness_of_threads()
+        assert len({tid for tid, n in after.items() if n != process and tid not in before}) == 1
+        assert all(after[tid] == n for tid, n in before.items() if tid in after)
+    finally:
+        run(embedder.aclose)
 
 
 def test_onnx_query_lane_runs_beside_a_background_batch() -> None:

@@ -7,7 +7,12 @@ the sentence-transformers head is reproduced here: mean over the attention mask,
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from importlib.resources import as_file, files
 from pathlib import Path
 
@@ -33,6 +38,9 @@ MAX_WORD_PIECES = 256
 # width (32 texts of 256 pieces: 100 MB a layer's scores; BENCHMARKS.md, issue 29).
 MAX_BATCH_PIECES = 4_096
 VOCAB_FILE = "all-MiniLM-L6-v2-vocab.txt"
+# Background batches run on a thread of their own, this much nicer than the process: on a small machine
+# the scheduler then gives the request path's threads the core first (BENCHMARKS.md, issue 28).
+BATCH_NICENESS = 10
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -93,9 +101,9 @@ class OnnxEmbedder:
         # no base class narrower than Exception; this boundary translates only these two loads.
         except Exception as exc:
             raise EmbeddingError(f"cannot load the local embedding model {model}: {exc}") from exc
-        # One batch at a time: concurrent runs would take more cores than `threads`, and a query waits for
-        # at most one batch of a long background job, not all of it.
-        self._limiter = anyio.CapacityLimiter(1)
+        # One batch at a time, on one thread: concurrent runs would take more cores than `threads`, and a
+        # query waits for at most one batch of a long background job, not all of it.
+        self._batches = ThreadPoolExecutor(1, "embed-batch", initializer=lower_thread_priority)
         # Queries (the request path) have a lane of their own: a query runs beside a background batch, on
         # the same session (briefly one more core), rather than after it. One query at a time keeps that
         # bounded.
@@ -119,10 +127,12 @@ class OnnxEmbedder:
         return DIMENSIONS
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        loop = asyncio.get_running_loop()
+
         async def run(batch: list[str]) -> list[list[float]]:
-            rows: list[list[float]] = (
-                await anyio.to_thread.run_sync(self._run, batch, limiter=self._limiter)
-            ).tolist()
+            if self._session is None:  # closed: its batch thread takes no more work
+                raise EmbeddingError("the local embedder is closed")
+            rows: list[list[float]] = (await loop.run_in_executor(self._batches, self._run, batch)).tolist()
             return rows
 
         return await in_length_order(texts, self.batch_size, run)
@@ -157,6 +167,20 @@ class OnnxEmbedder:
     async def aclose(self) -> None:
         # A batch already running keeps its own reference to the session and finishes.
         self._session = None
+        self._batches.shutdown(wait=False)
+
+
+def lower_thread_priority() -> None:
+    """Make the calling thread BATCH_NICENESS nicer (Linux keeps a niceness per thread; elsewhere the
+    call would reach the whole process, so it is left alone there)."""
+    if sys.platform != "linux":
+        return
+    thread = threading.get_native_id()
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(now + BATCH_NICENESS, 19))
+    except OSError:  # a sandbox that forbids it: batches run at the process's priority
+        return
 
 
 def _infer(session: ort.InferenceSession, pieces: list[list[int]]) -> FloatArray:
