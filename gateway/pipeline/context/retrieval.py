@@ -43,6 +43,7 @@ from gateway.pipeline.context.ranking import (
 from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
 from gateway.pipeline.context.retrieval_groups import Group, groups_of, other_group
 from gateway.pipeline.context.retrieval_hop import second_hop
+from gateway.pipeline.context.retrieval_revision import promote_decisions, topic
 from gateway.pipeline.context.retrieval_search import index_backlog, search_both
 from gateway.pipeline.context.retrieval_unindexed import InHand, RankViews, in_hand
 from gateway.pipeline.context.section import BuildInput, Proposal
@@ -312,6 +313,12 @@ class RetrievalSection:
         # Recency weighs more where the question asks how things stand now (the newest revision answers).
         recency = CURRENT_RECENCY if found.facts.asks_current else 0.1
         boost(on_path, texts, weights, positions, len(path), recency)
+        if found.facts.asks_current:  # the newest decisions on its topic first (retrieval_revision.py)
+            words = topic(query.text, found.facts.terms)
+            promoted = promote_decisions(on_path, words, path, recent, self._lowered)
+            texts |= {node_id: self._lowered(path[positions[node_id]]) for node_id in promoted}
+            if promoted:
+                found.detail["decisions"] = list[JSON](promoted)
         hopped = time.perf_counter()
         searcher = found.in_hand or self.index  # the history in hand while the index lacks it
         hop = await second_hop(

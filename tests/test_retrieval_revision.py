@@ -1,0 +1,67 @@
+"""The newest decisions on a question's topic go first for a question about where something stands now
+(`retrieval_revision.py`), in English and in Chinese."""
+
+from __future__ import annotations
+
+from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.context.question import exact_terms
+from gateway.pipeline.context.ranking import Candidate
+from gateway.pipeline.context.retrieval_revision import promote_decisions, topic
+
+
+def test_the_topic_is_the_question_without_its_names_and_its_asking() -> None:
+    question = "What is the current deploy strategy for webhook-relay?"
+    assert topic(question, exact_terms(question)) == {"depl", "stra"}
+    chinese = "/v1/documents/:id 的分页方式最后定的是什么？"
+    assert topic(chinese, exact_terms(chinese)) == {"分页", "页方", "方式"}
+    assert topic("What did we end up with?", ()) == frozenset()
+
+
+def path_of(texts: list[str]) -> list[HistoryItem]:
+    return [HistoryItem({"role": "user", "content": t}, 5, f"n{i}") for i, t in enumerate(texts)]
+
+
+def lowered(item: HistoryItem) -> str:
+    return str(item.message["content"]).lower()
+
+
+def test_the_newest_decisions_on_the_topic_go_first_even_when_no_search_found_them() -> None:
+    path = path_of(
+        [
+            "Proposal for webhook-relay: a blue-green deploy strategy.",  # n0: names it, no decision
+            "We decided on blue-green deploys for webhook-relay.",  # n1: the first decision
+            "The retry policy is settled: five retries.",  # n2: a decision on another topic
+            "Summary of where the deploy thing landed: a canary at 25%.",  # n3: the newest, loose
+            "Unrelated: the disk is 80% full.",  # n4
+            "Final call on the deploys: canary, agreed.",  # n5: in the recent window
+        ]
+    )
+    ranked = [Candidate("n0", 0.9), Candidate("n1", 0.5), Candidate("n4", 0.1)]
+    question = "What is the current deploy strategy for webhook-relay?"
+    words = topic(question, exact_terms(question))
+    promoted = promote_decisions(ranked, words, path, {"n5"}, lowered)
+    assert promoted == ["n3", "n1"]
+    assert [c.node_id for c in ranked] == ["n3", "n1", "n0", "n4"]
+
+
+def test_chinese_decisions_are_found_by_the_questions_bigrams() -> None:
+    path = path_of(
+        [
+            "/v1/documents/:id 的分页方式先用 offset。",
+            "分页的问题最终结论：不透明游标。我去更新文档。",
+            "删除的问题最后还是定了挪到归档表。",
+        ]
+    )
+    ranked: list[Candidate] = []
+    question = "/v1/documents/:id 的分页方式最后定的是什么？"
+    promoted = promote_decisions(ranked, topic(question, exact_terms(question)), path, set(), lowered)
+    assert promoted == ["n1"]  # the deletion decision shares no topic word
+    assert [c.node_id for c in ranked] == ["n1"]
+
+
+def test_nothing_moves_without_a_topic_or_a_decision() -> None:
+    path = path_of(["We talked about the deploy strategy at length.", "Deploys are slow on Fridays."])
+    ranked = [Candidate("n1", 0.4)]
+    assert promote_decisions(ranked, frozenset({"depl"}), path, set(), lowered) == []
+    assert promote_decisions(ranked, frozenset(), path, set(), lowered) == []
+    assert [(c.node_id, c.score) for c in ranked] == [("n1", 0.4)]
