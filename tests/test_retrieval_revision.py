@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from gateway.pipeline.call import HistoryItem
-from gateway.pipeline.context.question import exact_terms
+from gateway.pipeline.context.question import exact_terms, topic
 from gateway.pipeline.context.ranking import Candidate
-from gateway.pipeline.context.retrieval_revision import promote_decisions, topic
+from gateway.pipeline.context.retrieval_revision import promote_decisions
 
 
 def test_the_topic_is_the_question_without_its_names_and_its_asking() -> None:

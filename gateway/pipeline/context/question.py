@@ -329,3 +329,37 @@ def _period_start(day: datetime, unit: str) -> datetime:
     if unit == "month":
         return day.replace(day=1)
     return day.replace(month=1, day=1)
+
+
+# The topic of a question: its words other than the names it asks about and the asking itself.
+_WORD = re.compile(r"[a-z][a-z0-9]{2,}")
+_CJK_WORDS = re.compile(f"[{CJK}]+")
+# Words of the asking, not of the topic ("what is the current X", "X 最后定的是什么").
+_ASKING_WORDS = (
+    "what which who whom how when where why did does do is are was were the for with and our we you current "
+    "currently now latest final finally end ended settled settle landed moment these days still use used "
+    "using have has had there that this right today going"
+)
+_ASKING = frozenset(_ASKING_WORDS.split())
+_ASKING_CJK = frozenset("的是什么现在目前当前最后终定了哪个呢吗在用还")
+_STEM = 4  # "retry" and "retries", "log" and "logs": words are compared by their first four letters
+
+
+def topic(question: str, names: tuple[str, ...]) -> frozenset[str]:
+    """The question's topic words, lower case: Latin words by their stems, CJK runs by their bigrams,
+    without the names it asks about (`names`, its exact terms) and the words of asking."""
+    lowered = question.lower()
+    for name in names:
+        lowered = lowered.replace(name, " ")
+    words = {w[:_STEM] for w in _WORD.findall(lowered) if w not in _ASKING}
+    for run in _CJK_WORDS.findall(lowered):
+        words |= {run[i : i + 2] for i in range(len(run) - 1) if not _ASKING_CJK & set(run[i : i + 2])}
+    return frozenset(words)
+
+
+def shared_words(text: str, words: frozenset[str]) -> int:
+    """How many of the topic `words` (from `topic`) the lower-cased `text` holds."""
+    found = _WORD.findall(text)
+    # A three-letter word ("log", "fix") is found by the first three letters of a longer one.
+    stems = {w[:_STEM] for w in found} | {w[:3] for w in found}
+    return sum(w in stems or (len(w) == 2 and w in text) for w in words)

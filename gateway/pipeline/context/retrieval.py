@@ -30,7 +30,7 @@ import anyio
 from gateway.config import RetrievalConfig
 from gateway.errors import StoreError
 from gateway.pipeline.call import HistoryItem, QuestionVector
-from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term
+from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term, topic
 from gateway.pipeline.context.ranking import (
     CURRENT_RECENCY,
     RRF_K,
@@ -43,7 +43,7 @@ from gateway.pipeline.context.ranking import (
 from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
 from gateway.pipeline.context.retrieval_groups import Group, groups_of, other_group
 from gateway.pipeline.context.retrieval_hop import second_hop
-from gateway.pipeline.context.retrieval_revision import promote_decisions, topic
+from gateway.pipeline.context.retrieval_revision import promote_decisions
 from gateway.pipeline.context.retrieval_search import index_backlog, search_both
 from gateway.pipeline.context.retrieval_unindexed import InHand, RankViews, in_hand
 from gateway.pipeline.context.section import BuildInput, Proposal

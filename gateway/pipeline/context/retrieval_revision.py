@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable
 
 from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.context.question import shared_words
 from gateway.pipeline.context.ranking import Candidate
-from gateway.text import CJK
 
 PROMOTED = 2
 _DECISION = re.compile(
@@ -24,84 +24,6 @@ _DECISION = re.compile(
     r"定了|定下|决定|決定|结论|結論|最终|最終|批了|批准|敲定|确定|確定|采用|採用|改成|改为|改為|选了|選了|"
     r"결정|확정|합의"
 )
-_WORD = re.compile(r"[a-z][a-z0-9]{2,}")
-_CJK_RUN = re.compile(f"[{CJK}]+")
-# Words of the asking, not of the topic ("what is the current X", "X 最后定的是什么").
-_ASKING = frozenset(
-    [
-        "what",
-        "which",
-        "who",
-        "whom",
-        "how",
-        "when",
-        "where",
-        "why",
-        "did",
-        "does",
-        "do",
-        "is",
-        "are",
-        "was",
-        "were",
-        "the",
-        "for",
-        "with",
-        "and",
-        "our",
-        "we",
-        "you",
-        "current",
-        "currently",
-        "now",
-        "latest",
-        "final",
-        "finally",
-        "end",
-        "ended",
-        "settled",
-        "settle",
-        "landed",
-        "moment",
-        "these",
-        "days",
-        "still",
-        "use",
-        "used",
-        "using",
-        "have",
-        "has",
-        "had",
-        "there",
-        "that",
-        "this",
-        "right",
-        "today",
-        "going",
-        "end",
-    ]
-)
-_ASKING_CJK = frozenset("的是什么现在目前当前最后终定了哪个呢吗在用还")
-_STEM = 4  # "retry" and "retries", "log" and "logs": words are compared by their first four letters
-
-
-def topic(question: str, names: tuple[str, ...]) -> frozenset[str]:
-    """The question's topic words, lower case: Latin words by their stems, CJK runs by their bigrams,
-    without the names it asks about (`names`, its exact terms) and the words of asking."""
-    lowered = question.lower()
-    for name in names:
-        lowered = lowered.replace(name, " ")
-    words = {w[:_STEM] for w in _WORD.findall(lowered) if w not in _ASKING}
-    for run in _CJK_RUN.findall(lowered):
-        words |= {run[i : i + 2] for i in range(len(run) - 1) if not _ASKING_CJK & set(run[i : i + 2])}
-    return frozenset(words)
-
-
-def _shares(text: str, words: frozenset[str]) -> bool:
-    found = _WORD.findall(text)
-    # A three-letter word ("log", "fix") is found by the first three letters of a longer one.
-    stems = {w[:_STEM] for w in found} | {w[:3] for w in found}
-    return any(w in stems or (len(w) == 2 and w in text) for w in words)
 
 
 def promote_decisions(
@@ -122,7 +44,7 @@ def promote_decisions(
         if item.node_id is None or item.node_id in recent:
             continue
         text = lowered(item)
-        if _DECISION.search(text) and _shares(text, words):
+        if _DECISION.search(text) and shared_words(text, words):
             chosen.append(item.node_id)
     if not chosen:
         return []
