@@ -221,6 +221,41 @@ def test_a_why_question_gets_the_reason_said_after_the_decision(
     assert any(g["from"] <= 80 and g["to"] >= 82 for g in groups), groups
 
 
+def test_a_decision_revised_twice_is_answered_by_its_newest_statement_in_loose_words(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """The first two statements name the service; the last, which answers, says only "the deploy thing".
+    Without the promotion of the newest decisions the older two fill the room (budget 400)."""
+    gateway = gateway_with(make_gateway, upstream)
+    history = [
+        {"role": "user", "content": "Deploy strategy for webhook-relay: we decided on blue-green."},
+        {"role": "assistant", "content": "Noted, blue-green deploys for webhook-relay."},
+        *filler(40),
+        {"role": "user", "content": "Change of plan on the webhook-relay deploy strategy: rolling updates."},
+        {"role": "assistant", "content": "Rolling updates for webhook-relay, got it."},
+        *filler(40, offset=3),
+        {
+            "role": "user",
+            "content": "Summary of where the deploy thing landed: a canary at 25 percent, agreed.",
+        },
+        {"role": "assistant", "content": "Okay."},
+        *filler(30, offset=5),
+        {"role": "user", "content": "Thanks, that is all for now."},
+    ]
+    say(gateway, history)
+    wait_for_jobs(gateway, timeout=600)
+    history += [
+        {"role": "assistant", "content": upstream.fake.last_chat().body["messages"][-1]["content"]},
+        {"role": "user", "content": "What is the current deploy strategy for webhook-relay?"},
+    ]
+    raw = say(gateway, history)
+    assert "a canary at 25 percent" in injected(upstream)
+    retrieval = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]["sections"][
+        "retrieval"
+    ]
+    assert len(retrieval["decisions"]) == 2
+
+
 @MEANING
 def test_a_paraphrase_is_found_by_meaning(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> None:
     gateway = gateway_with(make_gateway, upstream)

@@ -1,5 +1,5 @@
-"""The retrieval section's second hop: identifiers and names that the HOP_FROM best matches hold and the
-question does not ("nightly-export runs on etl-07" for "where does nightly-export run?") are searched for
+"""The retrieval section's second hop: identifiers and names that the HOP_FROM best matches (of the
+HOP_POOL best, those sharing most of the question's topic words) hold and the question does not ("nightly-export runs on etl-07" for "where does nightly-export run?") are searched for
 too, and what holds them ranks at HOP_SHARE of the match that named them, less further down the keyword
 ranking. `leads` and `follow` are pure; `second_hop` adds the one keyword search between them."""
 
@@ -11,12 +11,22 @@ from typing import Protocol
 
 from gateway.errors import StoreError
 from gateway.pipeline.call import HistoryItem
-from gateway.pipeline.context.question import capitalised_names, contains_term, named_terms, states
+from gateway.pipeline.context.question import (
+    capitalised_names,
+    contains_term,
+    named_terms,
+    shared_words,
+    states,
+    topic,
+)
 from gateway.pipeline.context.ranking import Candidate
 from gateway.records import IndexHit, SearchQuery, SearchResult
 from gateway.text import message_text
 
 HOP_FROM = 2
+# The best matches a source is chosen from: the one that shares most of the question's topic words goes
+# first ("tally-api writes to pg-ledger-2" for "how full is the disk of the database tally-api writes to?").
+HOP_POOL = 8
 HOP_LIMIT = 10
 HOP_SHARE = 0.8
 HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere in particular
@@ -67,9 +77,12 @@ def leads(
     searched = [c for c in ranked if c.views]
     # A turn that only asks about the question's terms (the same question asked before) states no link.
     own = [c for c in searched if any(states(texts[c.node_id], t) for t in matched_terms)]
+    words = topic(asked, tuple(matched_terms))
+    pool = (own or searched)[:HOP_POOL]
+    sources = sorted(pool, key=lambda c: -shared_words(texts[c.node_id], words))[:HOP_FROM]  # stable
     named: dict[str, Candidate] = {}
     names: set[str] = set()
-    for source in (own or searched)[:HOP_FROM]:
+    for source in sources:
         said = message_text(path[positions[source.node_id]].message)
         names.update(capitalised_names(said))
         for term in named_terms(said):
