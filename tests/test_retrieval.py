@@ -224,8 +224,9 @@ def test_a_why_question_gets_the_reason_said_after_the_decision(
 def test_a_decision_revised_twice_is_answered_by_its_newest_statement_in_loose_words(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
-    """The first two statements name the service; the last, which answers, says only "the deploy thing".
-    Without the promotion of the newest decisions the older two fill the room (budget 400)."""
+    """The first two statements name the service, and so do a dozen turns that discuss it; the last
+    statement, which answers, says only "the deploy thing". Without the promotion of the newest decisions
+    the turns naming the service fill the room (budget 400)."""
     gateway = gateway_with(make_gateway, upstream)
     history = [
         {"role": "user", "content": "Deploy strategy for webhook-relay: we decided on blue-green."},
@@ -233,6 +234,17 @@ def test_a_decision_revised_twice_is_answered_by_its_newest_statement_in_loose_w
         *filler(40),
         {"role": "user", "content": "Change of plan on the webhook-relay deploy strategy: rolling updates."},
         {"role": "assistant", "content": "Rolling updates for webhook-relay, got it."},
+        *[
+            m
+            for worry in ("the queue", "the cache", "the pager", "the logs", "the quotas", "the certs")
+            for m in (
+                {"role": "user", "content": f"A worry about the webhook-relay deploy strategy: {worry}."},
+                {
+                    "role": "assistant",
+                    "content": f"The deploy strategy for webhook-relay can handle {worry}.",
+                },
+            )
+        ],
         *filler(40, offset=3),
         {
             "role": "user",
