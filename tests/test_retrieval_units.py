@@ -89,6 +89,26 @@ def test_leads_skip_a_capitalised_word_the_path_also_says_in_lower_case() -> Non
     assert len(named) <= HOP_TERMS
 
 
+def test_a_chinese_source_leads_by_a_phrase_a_few_other_messages_hold() -> None:
+    """ "ff_tax_preview 后面藏着发票合并" names its link in words: "发票合并", held by the source and one other
+    message, is the lead; stretches only the source holds, or the question's own, are not."""
+    path = path_of(
+        "ff_tax_preview 背后的功能是谁做的？",
+        "发票合并藏在 ff_tax_preview 后面。",
+        "发票合并是 Bogdan 的活。",
+        "退款向导藏在 ff_usage_alerts 后面。",
+    )
+    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    ranked = [Candidate("n1", 1.0, views=["m"])]
+    asked = "ff_tax_preview 背后的功能是谁做的？"
+    named = leads(asked, ["ff_tax_preview"], ranked, path, positions_of(path), texts)
+    assert list(named) == ["发票合并"] and named["发票合并"].node_id == "n1"
+    dates: dict[str, datetime | None] = {}
+    hits = [IndexHit("n2", "c", "k", 2, DAY, 1.0), IndexHit("n3", "c", "k", 3, DAY, 0.5)]
+    follow(hits, named, ranked, path, positions_of(path), set(), texts, dates)
+    assert [c.node_id for c in ranked] == ["n1", "n2"]  # joined without spaces, found all the same
+
+
 def test_no_leads_from_candidates_only_a_neighbour_ranked() -> None:
     path = path_of("etl-07 is the host", "ok")
     texts = {"n0": "etl-07 is the host", "n1": "ok"}

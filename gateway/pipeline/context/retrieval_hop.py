@@ -5,6 +5,7 @@ ranking. `leads` and `follow` are pure; `second_hop` adds the one keyword search
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import datetime
 from typing import Protocol
@@ -21,7 +22,7 @@ from gateway.pipeline.context.question import (
 )
 from gateway.pipeline.context.ranking import Candidate
 from gateway.records import IndexHit, SearchQuery, SearchResult
-from gateway.text import message_text
+from gateway.text import CJK, message_text
 
 HOP_FROM = 2
 # The best matches a source is chosen from: the one that shares most of the question's topic words goes
@@ -31,6 +32,12 @@ HOP_LIMIT = 10
 HOP_SHARE = 0.8
 HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere in particular
 HOP_TERMS = 4  # leads searched at most: a query of more finds messages holding only some of them
+# A Chinese, Japanese or Korean source names its link in words, not identifiers ("ff_tax_preview 后面藏着
+# 发票合并" -> "发票合并是 Bogdan 的活"): its stretches of PHRASE characters that a few other messages
+# of the path also hold, and the question does not, are leads too (the rarest CJK_LEADS of a source).
+PHRASE = 4
+CJK_LEADS = 2
+_CJK_STRETCH = re.compile(f"[{CJK}]{{{PHRASE},}}")
 
 
 class KeywordSearch(Protocol):
@@ -82,6 +89,7 @@ def leads(
     sources = sorted(pool, key=lambda c: -shared_words(texts[c.node_id], words))[:HOP_FROM]  # stable
     named: dict[str, Candidate] = {}
     names: set[str] = set()
+    phrases: dict[str, Candidate] = {}
     for source in sources:
         said = message_text(path[positions[source.node_id]].message)
         names.update(capitalised_names(said))
@@ -91,11 +99,32 @@ def leads(
             # Said all over the conversation (a speaker's name, a word like "keep-alive"): no lead.
             if sum(term in text and contains_term(text, term) for text in texts.values()) <= HOP_COMMON:
                 named[term] = source
+        if _CJK_STRETCH.search(said):
+            phrases |= {p: source for p in cjk_phrases(said.lower(), asked, path) if p not in phrases}
     if names & named.keys():
         # A capitalised word the path also says in lower case only starts a sentence: not a name.
         everything = "\n".join(message_text(item.message) for item in path)
         named = {t: c for t, c in named.items() if t not in names or not contains_term(everything, t)}
-    return {t: named[t] for t in sorted(named, key=names.__contains__)[:HOP_TERMS]}
+    ordered = {t: named[t] for t in sorted(named, key=names.__contains__)}
+    return dict(list({**ordered, **phrases}.items())[:HOP_TERMS])
+
+
+def cjk_phrases(said: str, asked: str, path: list[HistoryItem]) -> list[str]:
+    """The rarest CJK_LEADS stretches of PHRASE characters of `said` (lower case) that the question does
+    not hold and 1 to HOP_COMMON other messages of `path` do."""
+    pieces = {
+        run[i : i + PHRASE]
+        for run in _CJK_STRETCH.findall(said)
+        for i in range(len(run) - PHRASE + 1)
+        if run[i : i + PHRASE] not in asked
+    }
+    if not pieces:
+        return []
+    everything = [message_text(item.message) for item in path]
+    held = {p: sum(p in text for text in everything) for p in pieces}
+    # Held by the source itself and at least one other message, and by few.
+    rare = sorted((n, p) for p, n in held.items() if 2 <= n <= HOP_COMMON + 1)
+    return [p for _, p in rare[:CJK_LEADS]]
 
 
 def follow(
@@ -117,7 +146,7 @@ def follow(
         text = texts.get(hit.node_id)
         if text is None:
             text = texts[hit.node_id] = message_text(path[positions[hit.node_id]].message).lower()
-        sources_of = [s for t, s in named.items() if contains_term(text, t) and s.node_id != hit.node_id]
+        sources_of = [s for t, s in named.items() if _holds(text, t) and s.node_id != hit.node_id]
         if not sources_of:
             continue  # matched a piece of a term only ("etl" of "etl-07")
         candidate = by_node.get(hit.node_id)
@@ -128,3 +157,8 @@ def follow(
         candidate.views.append(hit.view)
         dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
     ranked.sort(key=lambda c: c.score, reverse=True)
+
+
+def _holds(text: str, term: str) -> bool:
+    """`term` in `text` as a whole token, or anywhere for a CJK phrase (its words are not spaced)."""
+    return term in text if _CJK_STRETCH.fullmatch(term) else contains_term(text, term)
