@@ -39,9 +39,10 @@ def test_the_newest_decisions_on_the_topic_go_first_even_when_no_search_found_th
     ranked = [Candidate("n0", 0.9), Candidate("n1", 0.5), Candidate("n4", 0.1)]
     question = "What is the current deploy strategy for webhook-relay?"
     words = topic(question, exact_terms(question))
-    promoted = promote_decisions(ranked, words, path, {"n5"}, lowered)
-    assert promoted == ["n3", "n1"]
-    assert [c.node_id for c in ranked] == ["n3", "n1", "n0", "n4"]
+    promoted = promote_decisions(ranked, words, exact_terms(question), path, {"n5"}, lowered)
+    # The decision naming the service, then the newest on the topic; n5 is in the window already.
+    assert promoted == ["n1", "n3"]
+    assert [c.node_id for c in ranked] == ["n1", "n3", "n0", "n4"]
 
 
 def test_chinese_decisions_are_found_by_the_questions_bigrams() -> None:
@@ -54,14 +55,33 @@ def test_chinese_decisions_are_found_by_the_questions_bigrams() -> None:
     )
     ranked: list[Candidate] = []
     question = "/v1/documents/:id 的分页方式最后定的是什么？"
-    promoted = promote_decisions(ranked, topic(question, exact_terms(question)), path, set(), lowered)
+    terms = exact_terms(question)
+    promoted = promote_decisions(ranked, topic(question, terms), terms, path, set(), lowered)
     assert promoted == ["n1"]  # the deletion decision shares no topic word
     assert [c.node_id for c in ranked] == ["n1"]
+
+
+def test_a_loose_decision_is_tied_to_the_service_by_the_person_who_revised_it() -> None:
+    """The newest loose decision is another service's; the one approved by Sara, who asked for this
+    service's revision, goes before it."""
+    path = path_of(
+        [
+            "After Sara's review, the fx-rates versioning plan changed to dated versions.",  # n0
+            "Sara approved: the versioning discussion ends with an Accept-Version header.",  # n1
+            "Bogdan approved: otp-sender's versioning is final, dated versions.",  # n2
+            "Unrelated chatter about lunch.",  # n3
+        ]
+    )
+    question = "What is the final versioning plan for fx-rates?"
+    terms = exact_terms(question)
+    ranked: list[Candidate] = []
+    promoted = promote_decisions(ranked, topic(question, terms), terms, path, {"n3"}, lowered)
+    assert promoted == ["n0", "n1"]
 
 
 def test_nothing_moves_without_a_topic_or_a_decision() -> None:
     path = path_of(["We talked about the deploy strategy at length.", "Deploys are slow on Fridays."])
     ranked = [Candidate("n1", 0.4)]
-    assert promote_decisions(ranked, frozenset({"depl"}), path, set(), lowered) == []
-    assert promote_decisions(ranked, frozenset(), path, set(), lowered) == []
+    assert promote_decisions(ranked, frozenset({"depl"}), (), path, set(), lowered) == []
+    assert promote_decisions(ranked, frozenset(), (), path, set(), lowered) == []
     assert [(c.node_id, c.score) for c in ranked] == [("n1", 0.4)]

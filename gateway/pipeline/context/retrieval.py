@@ -315,7 +315,7 @@ class RetrievalSection:
         boost(on_path, texts, weights, positions, len(path), recency)
         if found.facts.asks_current:  # the newest decisions on its topic first (retrieval_revision.py)
             words = topic(query.text, found.facts.terms)
-            promoted = promote_decisions(on_path, words, path, recent, self._lowered)
+            promoted = promote_decisions(on_path, words, found.facts.terms, path, recent, self._lowered)
             texts |= {node_id: self._lowered(path[positions[node_id]]) for node_id in promoted}
             if promoted:
                 found.detail["decisions"] = list[JSON](promoted)

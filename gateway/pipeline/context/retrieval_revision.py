@@ -5,7 +5,9 @@ A decision revised twice is often settled in words of its own ("where the deploy
 phrase, so both rankings put the older statements, which do, above it. Here the messages outside the
 window that read as a decision ("settled", "agreed", "final", "定了", "结论"...) and share a topic word
 with the question (its words other than the names it asks about and the asking itself) are found on
-the path, and the newest `PROMOTED` of them go first (BENCHMARKS.md, issue 28: revised questions).
+the path, and `PROMOTED` of them go first: those naming what the question asks about, then those that
+share a person with one of these (the same decision settled by the one who asked for its revision), then
+the newest (BENCHMARKS.md, issue 28: revised questions).
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ import re
 from collections.abc import Callable
 
 from gateway.pipeline.call import HistoryItem
-from gateway.pipeline.context.question import shared_words
+from gateway.pipeline.context.question import capitalised_names, contains_term, shared_words
 from gateway.pipeline.context.ranking import Candidate
+from gateway.text import message_text
 
 PROMOTED = 2
+# A sentence ends at ". ", "? " or "! ", or at "。", "？", "！" (CJK text leaves no space after them).
+_SENTENCES = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])\s*|\n+")
+_ASKED = ("?", "\uff1f")
+DECISIONS_SEEN = 24  # the newest decisions on the topic looked at (the window's included: they link people)
 _DECISION = re.compile(
     r"\b(?:decid(?:e|ed|ing)|decision|settled?|agreed?|final(?:ly)?|going with|go with|landed|approved?|"
     r"conclu(?:ded|sion)|chose|chosen|picked|switch(?:ed)? to|chang(?:e|ed) (?:it )?to|sign(?:ed)? off)\b|"
@@ -29,23 +36,40 @@ _DECISION = re.compile(
 def promote_decisions(
     ranked: list[Candidate],
     words: frozenset[str],
+    names: tuple[str, ...],
     path: list[HistoryItem],
     recent: set[str | None],
     lowered: Callable[[HistoryItem], str],
 ) -> list[str]:
-    """Put the newest PROMOTED decisions on `words` (outside `recent`) first in `ranked` (best first),
-    adding them when no search found them; the ids promoted, newest first."""
+    """Put PROMOTED decisions on `words` (outside `recent`) first in `ranked` (best first), adding them when
+    no search found them; the ids promoted. Those that name what the question asks about (`names`, its
+    exact terms) go first, then those that share a person with such a decision (a revision "after Sara's
+    review" settled by "Sara approved: ..."), then the rest, newest first within each."""
     if not words:
         return []
-    chosen: list[str] = []
-    for item in reversed(path):
-        if len(chosen) == PROMOTED:
+    decisions: list[tuple[int, HistoryItem]] = []
+    naming: set[int] = set()  # those whose deciding sentence names what the question asks about
+    for at in range(len(path) - 1, -1, -1):
+        item = path[at]
+        if len(decisions) == DECISIONS_SEEN:
             break
-        if item.node_id is None or item.node_id in recent:
+        if item.node_id is None:
             continue
-        text = lowered(item)
-        if _DECISION.search(text) and shared_words(text, words):
-            chosen.append(item.node_id)
+        # Stated, not asked: a question asked in passing ("where did we land on X?") decides nothing.
+        said = [t for t in _SENTENCES.split(lowered(item)) if t.strip() and not t.rstrip().endswith(_ASKED)]
+        if decided := [t for t in said if _DECISION.search(t) and shared_words(t, words)]:
+            decisions.append((at, item))
+            if any(contains_term(t, n) for t in decided for n in names):
+                naming.add(at)
+    people = {word for at, item in decisions if at in naming for word in _people(item)}
+
+    def kind(at: int, item: HistoryItem) -> int:
+        if at in naming:
+            return 2
+        return int(bool(people & _people(item)))
+
+    eligible = [(kind(at, item), at, item.node_id) for at, item in decisions if item.node_id not in recent]
+    chosen = [str(node_id) for _, _, node_id in sorted(eligible, reverse=True)[:PROMOTED]]
     if not chosen:
         return []
     top = ranked[0].score if ranked else 0.0
@@ -55,7 +79,12 @@ def promote_decisions(
         if candidate is None:
             candidate = Candidate(node_id)
             ranked.append(candidate)
-        # Above the best, the newest highest: the groups are made in this order.
+        # Above the best, in the order chosen: the groups are made in this order.
         candidate.score = top + (PROMOTED - rank) * 1e-3
     ranked.sort(key=lambda c: c.score, reverse=True)
     return chosen
+
+
+def _people(item: HistoryItem) -> set[str]:
+    """The words of the capitalised names a message holds ("After Sara" counts "sara")."""
+    return {word for name in capitalised_names(message_text(item.message)) for word in name.split()}
