@@ -21,7 +21,8 @@ from gateway.pipeline.context.ranking import Candidate
 from gateway.text import message_text
 
 PROMOTED = 2
-# A sentence ends at ". ", "? " or "! ", or at "。", "？", "！" (CJK text leaves no space after them).
+# A sentence ends at ". ", "? " or "! ", or at the full-width stop, question and exclamation marks (CJK
+# text leaves no space after them).
 _SENTENCES = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])\s*|\n+")
 _ASKED = ("?", "\uff1f")
 DECISIONS_SEEN = 24  # the newest decisions on the topic looked at (the window's included: they link people)
