@@ -46,6 +46,20 @@ def chain(count: int) -> list[NewMessage]:
     return messages
 
 
+async def run_one(store: SqlStore, handler: EmbedHandler) -> None:
+    """Lease, run and complete the next embed job."""
+    job = (await store.jobs.lease("w", [EMBED], 60))[0]
+    await handler(job)
+    assert await store.jobs.complete(job, "w")
+
+
+async def run_all(store: SqlStore, handler: EmbedHandler) -> None:
+    """Run embed jobs, one at a time, until none is left."""
+    while jobs := await store.jobs.lease("w", [EMBED], 60):
+        await handler(jobs[0])
+        assert await store.jobs.complete(jobs[0], "w")
+
+
 def test_a_long_stretch_is_indexed_in_bounded_jobs_texts_then_alone_then_with_neighbours_newest_first(
     database_url: str,
 ) -> None:
@@ -121,9 +135,7 @@ def test_composed_neighbour_vectors_index_a_long_stretch_in_one_pass_of_own_view
             assert target.neighbour_vectors == "composed"
             handler = EmbedHandler(store, {"acme": target}.get, store.jobs)
             await store.jobs.enqueue(EmbedWork(conversation_id, messages[-1].id, 300).job("acme"))
-            first = (await store.jobs.lease("w", [EMBED], 60))[0]
-            await handler(first)
-            assert await store.jobs.complete(first, "w")
+            await run_one(store, handler)
             pending = await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme")
             # The newest 150 are found by meaning in all three views; no pass with neighbours is owed.
             assert IndexBacklog.of(pending) == IndexBacklog(unembedded=150)
@@ -131,9 +143,7 @@ def test_composed_neighbour_vectors_index_a_long_stretch_in_one_pass_of_own_view
             assert with_vectors == {(d, v) for d in range(150, 300) for v in "mp"} | {
                 (d, "w") for d in range(149, 299)
             }
-            while jobs := await store.jobs.lease("w", [EMBED], 60):
-                await handler(jobs[0])
-                assert await store.jobs.complete(jobs[0], "w")
+            await run_all(store, handler)
             # Own views only: 150 a job, and the two messages before the first job's stretch.
             assert [len(call) for call in embedder.calls] == [152, 150]
             m = {r.row.depth: r.row.vector for r in index.rows.values() if r.row.view == "m"}
@@ -146,9 +156,7 @@ def test_composed_neighbour_vectors_index_a_long_stretch_in_one_pass_of_own_view
             exchange = chain(302)[300:]
             await store.append(AppendRequest("acme", conversation_id, "u1", None, tuple(exchange)))
             await store.jobs.enqueue(EmbedWork(conversation_id, exchange[-1].id, 2).job("acme"))
-            while jobs := await store.jobs.lease("w", [EMBED], 60):
-                await handler(jobs[0])
-                assert await store.jobs.complete(jobs[0], "w")
+            await run_all(store, handler)
             # The exchange: its two messages' own views and the two before them, for its joined views.
             assert len(embedder.calls[-1]) == 4
             verified = await verify_tenant("acme", store, store.jobs, index)
@@ -172,25 +180,18 @@ def test_without_neighbour_vectors_only_each_messages_own_view_is_embedded(datab
             target = IndexTarget(embedder, index, batch_messages=50, neighbour_vectors="off")
             handler = EmbedHandler(store, {"acme": target}.get, store.jobs)
 
-            async def run_jobs() -> None:
-                while jobs := await store.jobs.lease("w", [EMBED], 60):
-                    await handler(jobs[0])
-                    assert await store.jobs.complete(jobs[0], "w")
-
             await store.jobs.enqueue(EmbedWork(conversation_id, messages[-1].id, 300).job("acme"))
-            first = (await store.jobs.lease("w", [EMBED], 60))[0]
-            await handler(first)
-            assert await store.jobs.complete(first, "w")
+            await run_one(store, handler)
             pending = await store.jobs.pending(EMBED, embed_key_prefix(conversation_id), "acme")
             # No pass with neighbours is owed: the newest 150 are done, 150 wait for their own view.
             assert IndexBacklog.of(pending) == IndexBacklog(unembedded=150)
-            await run_jobs()
+            await run_all(store, handler)
             # 300 texts, 150 a job (the bound is three views of 50 messages), and nothing after them.
             assert [len(call) for call in embedder.calls] == [150, 150]
             exchange = chain(302)[300:]
             await store.append(AppendRequest("acme", conversation_id, "u1", None, tuple(exchange)))
             await store.jobs.enqueue(EmbedWork(conversation_id, exchange[-1].id, 2).job("acme"))
-            await run_jobs()
+            await run_all(store, handler)
             assert len(embedder.calls[-1]) == 2  # the exchange: its two messages' own views
             held = {(r.row.node_id, r.row.view): r.unit is not None for r in index.rows.values()}
             assert len(held) == 302 + 301 + 301  # every view is there, by keyword at least
