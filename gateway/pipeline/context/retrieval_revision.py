@@ -54,10 +54,11 @@ def promote_decisions(
         item = path[at]
         if len(decisions) == DECISIONS_SEEN:
             break
-        if item.node_id is None:
+        text = lowered(item)
+        if item.node_id is None or not _DECISION.search(text):  # most messages: one search, no split
             continue
         # Stated, not asked: a question asked in passing ("where did we land on X?") decides nothing.
-        said = [t for t in _SENTENCES.split(lowered(item)) if t.strip() and not t.rstrip().endswith(_ASKED)]
+        said = [t for t in _SENTENCES.split(text) if t.strip() and not t.rstrip().endswith(_ASKED)]
         if decided := [t for t in said if _DECISION.search(t) and shared_words(t, words)]:
             decisions.append((at, item))
             if any(contains_term(t, n) for t in decided for n in names):
