@@ -90,6 +90,13 @@ def leads(
     named: dict[str, Candidate] = {}
     names: set[str] = set()
     phrases: dict[str, Candidate] = {}
+    whole: list[str] = []  # every message's text, read once, on first need
+
+    def path_texts() -> list[str]:
+        if not whole:
+            whole.extend(message_text(item.message) for item in path)
+        return whole
+
     for source in sources:
         said = message_text(path[positions[source.node_id]].message)
         names.update(capitalised_names(said))
@@ -100,18 +107,18 @@ def leads(
             if sum(term in text and contains_term(text, term) for text in texts.values()) <= HOP_COMMON:
                 named[term] = source
         if _CJK_STRETCH.search(said):
-            phrases |= {p: source for p in cjk_phrases(said.lower(), asked, path) if p not in phrases}
+            phrases |= {p: source for p in cjk_phrases(said.lower(), asked, path_texts()) if p not in phrases}
     if names & named.keys():
         # A capitalised word the path also says in lower case only starts a sentence: not a name.
-        everything = "\n".join(message_text(item.message) for item in path)
+        everything = "\n".join(path_texts())
         named = {t: c for t, c in named.items() if t not in names or not contains_term(everything, t)}
     ordered = {t: named[t] for t in sorted(named, key=names.__contains__)}
     return dict(list({**ordered, **phrases}.items())[:HOP_TERMS])
 
 
-def cjk_phrases(said: str, asked: str, path: list[HistoryItem]) -> list[str]:
+def cjk_phrases(said: str, asked: str, path_texts: list[str]) -> list[str]:
     """The rarest CJK_LEADS stretches of PHRASE characters of `said` (lower case) that the question does
-    not hold and 1 to HOP_COMMON other messages of `path` do."""
+    not hold and 1 to HOP_COMMON other messages of the path (`path_texts`) do."""
     pieces = {
         run[i : i + PHRASE]
         for run in _CJK_STRETCH.findall(said)
@@ -120,8 +127,7 @@ def cjk_phrases(said: str, asked: str, path: list[HistoryItem]) -> list[str]:
     }
     if not pieces:
         return []
-    everything = [message_text(item.message) for item in path]
-    held = {p: sum(p in text for text in everything) for p in pieces}
+    held = {p: sum(p in text for text in path_texts) for p in pieces}
     # Held by the source itself and at least one other message, and by few.
     rare = sorted((n, p) for p, n in held.items() if 2 <= n <= HOP_COMMON + 1)
     return [p for _, p in rare[:CJK_LEADS]]
