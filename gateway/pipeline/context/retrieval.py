@@ -8,10 +8,11 @@ this request's own path (branches never leak), expand each hit into a group (± 
 never splitting a tool call from its results), drop what the window already holds and what another group
 took, fit the allowance best first, then show the groups oldest first, each labelled with its date.
 
-This module orchestrates (plan, propose, the searches and reads); the pure parts live beside it:
-ranking.py (fusion, neighbours' share, term and recency weights), retrieval_hop.py (the second hop),
-retrieval_groups.py (hits into groups) and retrieval_compose.py (the section's text and its count);
-retrieval_search.py runs the searches.
+This module orchestrates (plan, propose, the searches and reads); the other parts live beside it:
+retrieval_rank.py (the candidates ranked on this path), ranking.py (fusion, neighbours' share, term and
+recency weights), retrieval_revision.py (the newest decisions), retrieval_hop.py (the second hop),
+retrieval_groups.py (hits into groups), retrieval_compose.py (the section's text and its count) and
+retrieval_memo.py (each message's lowered text and line tokens); retrieval_search.py runs the searches.
 """
 
 from __future__ import annotations
@@ -30,25 +31,16 @@ import anyio
 from gateway.config import RetrievalConfig
 from gateway.errors import StoreError
 from gateway.pipeline.call import HistoryItem, QuestionVector
-from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term, topic
-from gateway.pipeline.context.ranking import (
-    CURRENT_RECENCY,
-    RRF_K,
-    Candidate,
-    boost,
-    fuse,
-    smoothed,
-    term_weights,
-)
+from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term
+from gateway.pipeline.context.ranking import RRF_K, Candidate, fuse
 from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
 from gateway.pipeline.context.retrieval_groups import Group, groups_of, other_group
-from gateway.pipeline.context.retrieval_hop import second_hop
-from gateway.pipeline.context.retrieval_revision import promote_decisions
+from gateway.pipeline.context.retrieval_memo import MessageMemo
+from gateway.pipeline.context.retrieval_rank import Found, rank
 from gateway.pipeline.context.retrieval_search import index_backlog, search_both
 from gateway.pipeline.context.retrieval_unindexed import InHand, RankViews, in_hand
 from gateway.pipeline.context.section import BuildInput, Proposal
-from gateway.pipeline.context.tail_lines import line_of
-from gateway.ports import JSON, Embedder, JobQueue, JSONObject, MessageStore, Similarity, VectorIndex
+from gateway.ports import Embedder, JobQueue, MessageStore, Similarity, VectorIndex
 from gateway.records import IndexBacklog, SearchQuery, SearchResult
 from gateway.text import message_text, mostly_cjk
 
@@ -68,29 +60,8 @@ _ASKS = re.compile(
 # An English-only model's share of the ranking on a question mostly in CJK (benchmarks/workchat.py).
 FOREIGN_SEMANTIC_WEIGHT = 0.25
 OTHER_MAX = 3  # groups from other conversations: each costs a store read
-LINE_CACHE_SIZE = 50_000
 # What the searches returned, the user's other conversations' too, and the seconds spent embedding.
 _Searched = tuple[SearchResult, SearchResult | None, float]
-
-
-@dataclass(slots=True)
-class _Found:
-    """What planning found, kept for `propose` (positions index `path`)."""
-
-    facts: QuestionFacts
-    path: list[HistoryItem] = field(default_factory=list)
-    positions: dict[str, int] = field(default_factory=dict)
-    first_depth: int = 0
-    on_path: list[Candidate] = field(default_factory=list)
-    other: SearchResult | None = None
-    best_similarity: float = 0.0
-    # Each message's own date, from any hit of it (None: undated); a group is labelled by its messages'.
-    dates: dict[str, datetime | None] = field(default_factory=dict)
-    matched_terms: list[str] = field(default_factory=list)
-    detail: JSONObject = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    in_hand: InHand | None = None  # the history ranked by keyword in hand, not in the index yet
-    backlog: IndexBacklog | None = None  # the conversation's messages waiting for the index (None: none)
 
 
 @dataclass(slots=True)
@@ -105,12 +76,8 @@ class RetrievalSection:
     rank_views: RankViews | None = None
     name: str = "retrieval"
     whole: bool = False
-    # (encoding, message id) -> tokens of the message's line and the line break after it (forgotten all
-    # at once when full): the tokenizer's own cache kept turning over on the old messages retrieval reaches.
-    line_tokens: dict[tuple[str, str], int] = field(default_factory=dict, init=False, repr=False)
-    # Message id -> its text in lower case, for the exact-term checks (the same old messages come back
-    # request after request; forgotten all at once when full).
-    lowered: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    # Each old message's lowered text and line tokens, made once (retrieval_memo.py).
+    memo: MessageMemo = field(default_factory=MessageMemo, init=False, repr=False)
 
     @property
     def allowance(self) -> int:
@@ -165,11 +132,11 @@ class RetrievalSection:
         )
         return 0
 
-    async def _find(self, build: BuildInput) -> _Found:
+    async def _find(self, build: BuildInput) -> Found:
         state = build.call.state
         question = _question(build.current)
         facts = analyse(question, self.clock())
-        found = _Found(facts)
+        found = Found(facts)
         if state.conversation_id is None or state.leaf_id is None or not question.strip():
             return found
         started = time.perf_counter()
@@ -209,7 +176,7 @@ class RetrievalSection:
             path, positions, first_depth = await self._whole_path(
                 build.call.tenant, state.leaf_id, path, positions, first_depth
             )
-        await self._rank(found, query, result, candidates, path, positions, recent)
+        await rank(found, query, result, candidates, path, positions, recent, self._lowered, self.index)
         found.path, found.positions, found.first_depth = path, positions, first_depth
         found.detail.update(
             {
@@ -234,7 +201,7 @@ class RetrievalSection:
         return found
 
     async def _search_and_backlog(
-        self, build: BuildInput, query: SearchQuery, found: _Found
+        self, build: BuildInput, query: SearchQuery, found: Found
     ) -> _Searched | None:
         """`_search` (None: the index failed), the user's other conversations too where configured,
         while the conversation's index backlog is read into `found.detail`."""
@@ -287,52 +254,10 @@ class RetrievalSection:
         path = [HistoryItem(m.data, m.node.token_count, m.node.id) for m in stored]
         return path, dict(zip(map(_NODE_ID, path), range(len(path)), strict=True)), 0
 
-    async def _rank(
-        self,
-        found: _Found,
-        query: SearchQuery,
-        result: SearchResult,
-        candidates: list[Candidate],
-        path: list[HistoryItem],
-        positions: dict[str, int],
-        recent: set[str | None],
-    ) -> None:
-        """The fused `candidates` on this path and outside the window, with their neighbours, exact terms,
-        recency and the second hop, into `found` (best first in `on_path`)."""
-        hits = [c for c in candidates if c.node_id in positions and c.node_id not in recent]
-        found.best_similarity = max(
-            (h.score for h in result.semantic if h.node_id in positions and h.node_id not in recent),
-            default=0.0,
-        )
-        on_path = smoothed(hits, path, positions, recent)
-        for hit in (*result.semantic, *result.keyword):
-            found.dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
-        texts = {c.node_id: self._lowered(path[positions[c.node_id]]) for c in on_path}
-        weights = term_weights(found.facts.terms, texts)
-        found.matched_terms = list(weights)
-        # Recency weighs more where the question asks how things stand now (the newest revision answers).
-        recency = CURRENT_RECENCY if found.facts.asks_current else 0.1
-        boost(on_path, texts, weights, positions, len(path), recency)
-        if found.facts.asks_current:  # the newest decisions on its topic first (retrieval_revision.py)
-            words = topic(query.text, found.facts.terms)
-            promoted = promote_decisions(on_path, words, found.facts.terms, path, recent, self._lowered)
-            texts |= {node_id: self._lowered(path[positions[node_id]]) for node_id in promoted}
-            if promoted:
-                found.detail["decisions"] = list[JSON](promoted)
-        hopped = time.perf_counter()
-        searcher = found.in_hand or self.index  # the history in hand while the index lacks it
-        hop = await second_hop(
-            searcher, query, found.matched_terms, found.dates, on_path, path, positions, recent, texts
-        )
-        if hop:
-            found.detail["hop"] = list[JSON](hop)
-        found.timings["hop"] = time.perf_counter() - hopped
-        found.on_path = on_path
-
     async def propose(self, build: BuildInput, allowance: int) -> Proposal:
         found = build.memo.get(self.name)
-        if not isinstance(found, _Found) or allowance <= 0 or not (found.on_path or found.other):
-            return Proposal(detail=found.detail if isinstance(found, _Found) else {})
+        if not isinstance(found, Found) or allowance <= 0 or not (found.on_path or found.other):
+            return Proposal(detail=found.detail if isinstance(found, Found) else {})
         ranking = time.perf_counter()
         path, positions, detail = found.path, found.positions, found.detail
         # The window may have grown since planning: what it now holds is not sent twice.
@@ -446,38 +371,15 @@ class RetrievalSection:
         )
 
     def _lowered(self, item: HistoryItem) -> str:
-        """The message's text in lower case; stored messages never change, so each is made once."""
-        if item.node_id is None:
-            return message_text(item.message).lower()
-        text = self.lowered.get(item.node_id)
-        if text is None:
-            if len(self.lowered) >= LINE_CACHE_SIZE:
-                self.lowered.clear()
-            text = self.lowered[item.node_id] = message_text(item.message).lower()
-        return text
+        return self.memo.lowered(item)
 
     def _line_tokens(self, build: BuildInput, item: HistoryItem) -> int:
-        """Tokens of one message's line and the line break after it; stored messages never change, so
-        each is counted once per encoding (the same old messages come back request after request)."""
-        if item.node_id is None:
-            return build.tokenizer.count(line_of(item) + "\n")
-        count = self.line_tokens.get((build.tokenizer.name, item.node_id))
-        return count if count is not None else self._counted(build, line_of(item), item.node_id)
-
-    def _counted(self, build: BuildInput, line: str, node_id: str) -> int:
-        """Tokens of `line` (message `node_id`'s) and a line break."""
-        key = (build.tokenizer.name, node_id)
-        count = self.line_tokens.get(key)
-        if count is None:
-            if len(self.line_tokens) >= LINE_CACHE_SIZE:
-                self.line_tokens.clear()
-            count = self.line_tokens[key] = build.tokenizer.count(line + "\n")
-        return count
+        return self.memo.item_tokens(build.tokenizer, item)
 
     def _compose(self, build: BuildInput, groups: list[Group], others: list[Group]) -> tuple[str | None, int]:
         """The section's text and its tokens (`compose`), message lines counted once per message and
         encoding."""
-        return compose(groups, others, partial(self._counted, build), build.tokenizer.count)
+        return compose(groups, others, partial(self.memo.counted, build.tokenizer), build.tokenizer.count)
 
 
 def _loaded_path(build: BuildInput) -> tuple[list[HistoryItem], dict[str, int], int]:

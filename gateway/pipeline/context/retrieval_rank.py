@@ -1,0 +1,86 @@
+"""What planning found (`Found`) and how its fused candidates are ranked on this request's path (`rank`):
+on the path and outside the window, smoothed over neighbours, weighted by exact terms and recency, the
+newest decisions first for a question about where things stand, then the second hop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.context.question import QuestionFacts, topic
+from gateway.pipeline.context.ranking import CURRENT_RECENCY, Candidate, boost, smoothed, term_weights
+from gateway.pipeline.context.retrieval_hop import KeywordSearch, second_hop
+from gateway.pipeline.context.retrieval_revision import promote_decisions
+from gateway.pipeline.context.retrieval_unindexed import InHand
+from gateway.ports import JSON, JSONObject
+from gateway.records import IndexBacklog, SearchQuery, SearchResult
+
+OLD_RECENCY = 0.1  # recency's weight for any other question: a tie-breaker
+
+
+@dataclass(slots=True)
+class Found:
+    """What planning found, kept for `propose` (positions index `path`)."""
+
+    facts: QuestionFacts
+    path: list[HistoryItem] = field(default_factory=list)
+    positions: dict[str, int] = field(default_factory=dict)
+    first_depth: int = 0
+    on_path: list[Candidate] = field(default_factory=list)
+    other: SearchResult | None = None
+    best_similarity: float = 0.0
+    # Each message's own date, from any hit of it (None: undated); a group is labelled by its messages'.
+    dates: dict[str, datetime | None] = field(default_factory=dict)
+    matched_terms: list[str] = field(default_factory=list)
+    detail: JSONObject = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    in_hand: InHand | None = None  # the history ranked by keyword in hand, not in the index yet
+    backlog: IndexBacklog | None = None  # the conversation's messages waiting for the index (None: none)
+
+
+async def rank(
+    found: Found,
+    query: SearchQuery,
+    result: SearchResult,
+    candidates: list[Candidate],
+    path: list[HistoryItem],
+    positions: dict[str, int],
+    recent: set[str | None],
+    lowered: Callable[[HistoryItem], str],
+    index: KeywordSearch,
+) -> None:
+    """The fused `candidates` on this path and outside the window, with their neighbours, exact terms,
+    recency and the second hop (searching `index`, or the history in hand), into `found` (best first in
+    `on_path`)."""
+    hits = [c for c in candidates if c.node_id in positions and c.node_id not in recent]
+    found.best_similarity = max(
+        (h.score for h in result.semantic if h.node_id in positions and h.node_id not in recent),
+        default=0.0,
+    )
+    on_path = smoothed(hits, path, positions, recent)
+    for hit in (*result.semantic, *result.keyword):
+        found.dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
+    texts = {c.node_id: lowered(path[positions[c.node_id]]) for c in on_path}
+    weights = term_weights(found.facts.terms, texts)
+    found.matched_terms = list(weights)
+    # Recency weighs more where the question asks how things stand now (the newest revision answers).
+    recency = CURRENT_RECENCY if found.facts.asks_current else OLD_RECENCY
+    boost(on_path, texts, weights, positions, len(path), recency)
+    if found.facts.asks_current:  # the newest decisions on its topic first (retrieval_revision.py)
+        words = topic(query.text, found.facts.terms)
+        promoted = promote_decisions(on_path, words, found.facts.terms, path, recent, lowered)
+        texts |= {node_id: lowered(path[positions[node_id]]) for node_id in promoted}
+        if promoted:
+            found.detail["decisions"] = list[JSON](promoted)
+    hopped = time.perf_counter()
+    searcher = found.in_hand or index  # the history in hand while the index lacks it
+    hop = await second_hop(
+        searcher, query, found.matched_terms, found.dates, on_path, path, positions, recent, texts
+    )
+    if hop:
+        found.detail["hop"] = list[JSON](hop)
+    found.timings["hop"] = time.perf_counter() - hopped
+    found.on_path = on_path
