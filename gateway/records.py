@@ -96,6 +96,10 @@ class NewJob:
     priority: int = 0  # higher is leased first among due jobs
 
 
+# Work that can wait (titles, profiles, neighbours' views embedded again): leased when nothing else is
+# due, so a backlog defers it; it stays queued (one title a conversation, one profile a user).
+CAN_WAIT = -1
+
 # -- job descriptions: what each kind's payload holds (the pipeline enqueues them, handlers read them) --
 
 COMPACT = "compact"
@@ -175,7 +179,7 @@ class EmbedWork:
         brings its history asks about it at once: its own new turns are in the recent window meanwhile),
         the views with neighbours after everything."""
         if self.mode == "context":
-            return -1
+            return CAN_WAIT
         return 1 if self.mode in ("texts", "vectors") or self.count > BULK_MESSAGES else 0
 
     @classmethod
@@ -288,14 +292,15 @@ TITLE_EVERY_MESSAGES = 20  # a conversation's title is written after its first e
 def title_job(tenant: str, conversation_id: str, model: str | None, delay_seconds: float = 0.0) -> NewJob:
     """Write a conversation's title and one-line gist; one pending job per conversation."""
     payload: JSONObject = {"conversation_id": conversation_id, "model": model}
-    return NewJob(TITLE, tenant, payload, key=f"{TITLE}:{conversation_id}", delay_seconds=delay_seconds)
+    key = f"{TITLE}:{conversation_id}"
+    return NewJob(TITLE, tenant, payload, key=key, delay_seconds=delay_seconds, priority=CAN_WAIT)
 
 
 def profile_job(tenant: str, user_id: str, model: str | None, delay_seconds: float = 0.0) -> NewJob:
     """Rewrite a user's profile document from their active memories; one pending job per user."""
     payload: JSONObject = {"user_id": user_id, "model": model}
     key = f"{PROFILE}:{hashlib.sha256(f'{tenant}/{user_id}'.encode()).hexdigest()[:32]}"
-    return NewJob(PROFILE, tenant, payload, key=key, delay_seconds=delay_seconds)
+    return NewJob(PROFILE, tenant, payload, key=key, delay_seconds=delay_seconds, priority=CAN_WAIT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from gateway.config import JobsConfig, parse_config
 from gateway.errors import StoreError
 from gateway.fakes.server import BackgroundServer
 from gateway.jobs import WorkerPool, retry_delay
-from gateway.records import AppendRequest, Job, NewJob, NewMessage, RequestRecord
+from gateway.records import AppendRequest, Job, NewJob, NewMessage, RequestRecord, profile_job, title_job
 from gateway.wiring import build_deps
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, recorded, tenant, wait_for_jobs
 
@@ -112,6 +112,23 @@ def test_a_higher_priority_job_is_leased_before_older_ones(database_url: str) ->
             urgent = await queue.enqueue(NewJob("embed", "acme", {"n": 3}, priority=1))
             order = [(await queue.lease("w1", ["embed"], 5))[0].id for _ in range(4)]
             assert order == [urgent, first, second, low]
+
+    run(scenario)
+
+
+def test_titles_and_profiles_wait_behind_a_backlog_and_are_not_dropped(database_url: str) -> None:
+    """With work queued, a title and a profile go after it; enqueued again meanwhile, each is still one."""
+
+    async def scenario() -> None:
+        async with opened(database_url) as queue:
+            title = await queue.enqueue(title_job("acme", "c1", None))
+            profile = await queue.enqueue(profile_job("acme", "u1", None))
+            compact = await queue.enqueue(NewJob("compact", "acme", {"n": 0}))
+            embed = await queue.enqueue(NewJob("embed", "acme", {"n": 1}))
+            assert await queue.enqueue(title_job("acme", "c1", None)) is None  # deduped while pending
+            kinds = ["title", "memory_profile", "compact", "embed"]
+            order = [(await queue.lease("w1", kinds, 5))[0].id for _ in range(4)]
+            assert order == [compact, embed, title, profile]
 
     run(scenario)
 
