@@ -2,7 +2,9 @@
 long-running gateway makes them: LanceDB's default caches against the bounded ones the adapter now opens
 its connection with (gateway/adapters/lance_table.py, INDEX_CACHE_BYTES and METADATA_CACHE_BYTES), and
 those with glibc's heaps limited to two (`arenas`: gateway/collector.py, tune_malloc), and those
-with glibc's free pages returned every TRIM_EVERY rounds (`trim`: collector.release_free_heap).
+with glibc's free pages returned every TRIM_EVERY rounds (`trim`: collector.release_free_heap), with
+the connection and table opened afresh every REOPEN_EVERY rounds (`reopen`, two heaps), and on jemalloc
+(`jemalloc`: preloaded, glibc's settings left alone).
 
     python benchmarks/lance_memory.py --rounds 1500       # the three, one after the other, fresh processes
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import subprocess
 import sys
@@ -55,6 +58,8 @@ WORDS = [
 ]
 DIMENSIONS = 384
 TRIM_EVERY = 50  # rounds between malloc_trim calls in the `trim` variant
+REOPEN_EVERY = 250  # rounds between fresh connections in the `reopen` variant
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"  # Debian's libjemalloc2, preloaded by `jemalloc`
 
 
 def rss_mb() -> float:
@@ -75,7 +80,7 @@ def slope(samples: list[tuple[int, float]]) -> float:
 
 
 async def run(
-    rounds: int, every: int, default_caches: bool, arenas: bool, trim: bool = False
+    rounds: int, every: int, default_caches: bool, arenas: bool, trim: bool = False, reopen: int = 0
 ) -> list[tuple[int, float]]:
     if arenas:
         from gateway.collector import tune_malloc
@@ -125,6 +130,9 @@ async def run(
             await index.search(query)
             if trim and r % TRIM_EVERY == 0:
                 release_free_heap()
+            if reopen and r % reopen == 0:  # a fresh connection and table handle, the old one closed
+                await index.aclose()
+                index = LanceIndex.open(tmp, "messages_bench", DIMENSIONS, cache_rows=0)
             if r % every == 0:
                 samples.append((r, rss_mb()))
                 print(f"  round {r}: {samples[-1][1]:.0f} MB", flush=True)
@@ -140,7 +148,7 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=250)
     parser.add_argument(
         "--variant",
-        choices=["bounded", "default", "arenas", "trim"],
+        choices=["bounded", "default", "arenas", "trim", "reopen", "jemalloc"],
         default=None,
         help="run one, in this process",
     )
@@ -152,8 +160,10 @@ def main() -> int:
                 args.rounds,
                 args.every,
                 args.variant == "default",
-                args.variant in ("arenas", "trim"),
+                args.variant
+                in ("arenas", "trim", "reopen", "jemalloc"),  # jemalloc: tune_malloc stands aside
                 args.variant == "trim",
+                REOPEN_EVERY if args.variant == "reopen" else 0,
             )
         )
         print(f"{args.variant}: {samples[-1][1]:.0f} MB after {args.rounds} rounds, "
@@ -162,7 +172,8 @@ def main() -> int:
     for variant in args.variants.split(","):
         print(f"{variant}:", flush=True)
         argv = [sys.executable, __file__, "--rounds", str(args.rounds), "--every", str(args.every)]
-        subprocess.run([*argv, "--variant", variant], check=True)
+        env = {**os.environ, "LD_PRELOAD": JEMALLOC} if variant == "jemalloc" else None
+        subprocess.run([*argv, "--variant", variant], check=True, env=env)
     return 0
 
 
