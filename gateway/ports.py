@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 if TYPE_CHECKING:
     from gateway.records import (
@@ -122,6 +122,16 @@ class Tokenizer(Protocol):
     def count_message(self, message: object) -> int: ...
 
     def count_messages(self, messages: Sequence[object]) -> int: ...
+
+
+@runtime_checkable
+class HoldsCaches(Protocol):
+    """A part that keeps caches between requests (an adapter, a memo): what they hold, for /metrics."""
+
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes each cache holds now, by its name in `gateway_cache_bytes`; estimates where a cache
+        counts entries (docs/operations.md, "Sizing")."""
+        ...
 
 
 class Tokenizers(Protocol):

@@ -18,6 +18,7 @@ from gateway.memory.service import MemoryService
 from gateway.metrics import Counters
 from gateway.ports import JobQueue, JSONObject, MessageStore, ResponseStore, SummaryStore, Tokenizers, Tracer
 from gateway.records import EMBED, Conversation, IndexBacklog, embed_key_prefix
+from gateway.telemetry.cache_sizes import CacheSizes
 from gateway.telemetry.metrics import Metrics
 from gateway.tenants import TenantRegistry
 from gateway.tracing import NullTracer
@@ -47,6 +48,14 @@ class Deps:
     memories: MemoryStore | None = None
     memory: dict[str, MemoryTarget] = field(default_factory=dict)  # tenant -> its memory
     tracer: Tracer = field(default_factory=NullTracer)  # request traces (tracing.otlp_endpoint)
+    caches: CacheSizes = field(default_factory=CacheSizes)  # what each cache holds, for the probes
+
+    def cache_megabytes(self) -> dict[str, float]:
+        """MB each cache holds now, all owners together (`/healthz`)."""
+        held: dict[str, int] = {}
+        for (cache, _), size in self.caches.read().items():
+            held[cache] = held.get(cache, 0) + size
+        return {cache: round(size / 2**20, 2) for cache, size in sorted(held.items())}
 
     async def delete_conversations(
         self, tenant: str, *, conversation_id: str | None = None, user_id: str | None = None

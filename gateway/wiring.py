@@ -64,6 +64,7 @@ from gateway.records import (
     TITLE,
 )
 from gateway.services import Deps
+from gateway.telemetry.cache_sizes import PROCESS, CacheSizes
 from gateway.telemetry.metrics import Metrics
 from gateway.tenants import Tenant, TenantRegistry
 from gateway.tracing import NullTracer
@@ -116,6 +117,7 @@ class Shared:
     epochs: EpochStore | None = None
     history_memo_bytes: int = 0  # per tenant; 0: no memo
     unanswered_index_seconds: float = 300.0
+    caches: CacheSizes = field(default_factory=CacheSizes)  # every cache built, for /metrics
 
 
 def build_pipeline(
@@ -128,14 +130,15 @@ def build_pipeline(
     if not tenant.store_conversations:
         return ChatPipeline(shared.counters)  # a pure proxy: nothing stored, nothing rewritten
     context = tenant.context
-    memo = shared.history_memo_bytes
+    memo = HistoryMemo(shared.history_memo_bytes) if shared.history_memo_bytes else None
+    shared.caches.add(tenant.name, memo)
     prepare: list[PrepareStep] = [
         IngestStep(
             store=shared.store,
             tokenizers=shared.tokenizers,
             identity=tenant.identity,
             coverage_tokens=context.budget_tokens if context.enabled else 0,
-            memo=HistoryMemo(memo) if memo else None,
+            memo=memo,
             unanswered_index_seconds=shared.unanswered_index_seconds if index is not None else None,
         )
     ]
@@ -185,17 +188,17 @@ def _builder(
     stable: list[StableSection] = [SummarySection(shared.summaries, tenant.compaction.summary_tokens)]
     tail: list[Section] = []
     if index is not None:
-        tail.append(
-            RetrievalSection(
-                index=index.index,
-                embedder=index.embedder,
-                store=shared.store,
-                config=tenant.retrieval,
-                clock=shared.clock,
-                jobs=shared.jobs,
-                rank_views=ViewRanker(),
-            )
+        retrieval = RetrievalSection(
+            index=index.index,
+            embedder=index.embedder,
+            store=shared.store,
+            config=tenant.retrieval,
+            clock=shared.clock,
+            jobs=shared.jobs,
+            rank_views=ViewRanker(),
         )
+        shared.caches.add(tenant.name, retrieval.memo)
+        tail.append(retrieval)
     always: frozenset[str] = frozenset()
     if memory is not None:
         memories, target = memory
@@ -346,7 +349,13 @@ def build_deps(
         )
         for t in config.tenants
     )
-    metrics = Metrics(shared.counters)
+    caches = shared.caches
+    shared_parts = [shared.store, shared.tokenizers, *(t.index for t in indexes.values())]
+    for part in [*shared_parts, *(t.vectors for t in memory.values())]:
+        caches.add(PROCESS, part)
+    for tenant in tenants.tenants:
+        caches.add(tenant.name, tenant.bodies)
+    metrics = Metrics(shared.counters, caches.read)
     all_handlers = _handlers(config, shared, own, indexes, memory, memories, metrics)
     all_handlers.update(handlers or {})
     workers = WorkerPool(sql.jobs, all_handlers, config.jobs, observe=metrics.job)
@@ -366,6 +375,7 @@ def build_deps(
         memories=memories,
         memory=memory,
         tracer=build_tracer(config.tracing),
+        caches=caches,
     )
 
 

@@ -113,6 +113,46 @@ def test_context_sections_report_their_time(upstream: Upstream, make_gateway: Ca
     assert value(samples, "gateway_context_section_seconds_sum", section="retrieval") > 0
 
 
+@pytest.mark.real
+def test_what_each_cache_holds_is_shown_as_it_fills(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """A long history asked about fills the node cache, the history memo, retrieval's memo, the token
+    counts, and once indexed the vector cache and LanceDB's: /metrics shows each by owner, /healthz
+    their totals."""
+    gateway = make_gateway([tenant("acme", upstream.base_url, context={"budget_tokens": 400})])
+    empty = httpx.get(f"{gateway.server.url}/healthz").json()["caches_mb"]
+    assert empty.get("vectors", 0) == 0 and empty.get("history_memo", 0) == 0
+    client = gateway.client()
+    history: list[dict[str, str]] = []
+    for n in range(40):
+        history += [
+            {"role": "user", "content": f"Note {n}: the parcel code for the warehouse order is PX-{n * 37}."},
+            {"role": "assistant", "content": f"Noted {n}, the parcel code is filed with the order."},
+        ]
+    ask = [*history, {"role": "user", "content": "Which parcel code was note 3?"}]
+    client.chat.completions.create(model="gpt-4o", messages=ask)
+    wait_for_jobs(gateway)
+    client.chat.completions.create(
+        model="gpt-4o", messages=[*ask[:-1], {"role": "user", "content": "And 5?"}]
+    )
+    samples = scrape(gateway)
+    for cache, owner in [
+        ("nodes", "process"),
+        ("token_counts", "process"),
+        ("vectors", "process"),
+        ("lancedb", "process"),
+        ("history_memo", "acme"),
+        ("retrieval_memo", "acme"),
+    ]:
+        assert value(samples, "gateway_cache_bytes", cache=cache, owner=owner) > 0, cache
+    # 80 stored messages at the documented ~560 bytes a node; three views each in the vector cache.
+    assert value(samples, "gateway_cache_bytes", cache="nodes", owner="process") >= 80 * 560
+    assert value(samples, "gateway_cache_bytes", cache="vectors", owner="process") >= 80 * 4 * 384
+    totals = httpx.get(f"{gateway.server.url}/healthz").json()["caches_mb"]
+    assert totals["vectors"] > 0 and totals["history_memo"] > 0 and totals["lancedb"] > 0
+
+
 def test_every_metric_is_documented() -> None:
     """docs/operations.md's "Metrics and logs" section names each metric family the gateway exports."""
     text = METRICS_DOC.read_text()

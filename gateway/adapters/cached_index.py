@@ -24,7 +24,7 @@ from lancedb.table import AsyncTable
 
 from gateway.adapters.keyword_rank import Analyzer, KeywordQuery
 from gateway.adapters.lance_table import query_vector
-from gateway.adapters.vector_cache import COLUMNS, DELTA_MARGIN, Entry, Key, VectorCache
+from gateway.adapters.vector_cache import COLUMNS, DELTA_MARGIN, ROW_OVERHEAD_BYTES, Entry, Key, VectorCache
 from gateway.records import IndexRow, SearchQuery, SearchResult
 
 if TYPE_CHECKING:
@@ -56,6 +56,11 @@ class CachedLanceIndex:
         self._applied: deque[tuple[int, int, pa.Table | None]] = deque()
         self._applied_rows = 0
         inner.listen(self)
+
+    def cache_bytes(self) -> dict[str, int]:
+        applied = sum(data.nbytes for _, _, data in tuple(self._applied) if data is not None)
+        row = 4 * self.dimensions + ROW_OVERHEAD_BYTES
+        return {"vectors": self._cache.rows * row, "recent_writes": applied, **self.inner.cache_bytes()}
 
     # -- the index as it is ---------------------------------------------------------------------------
 

@@ -25,12 +25,18 @@ from gateway.records import (
     StoredNode,
 )
 
+# What one cached node costs (fixed size: ids, depth, counts; docs/operations.md, "Sizing").
+NODE_BYTES = 560
+
 
 class CachedMessageStore:
     def __init__(self, inner: MessageStore, size: int) -> None:
         self.inner = inner
         self._size = size
         self._nodes: OrderedDict[tuple[str, str], StoredNode] = OrderedDict()
+
+    def cache_bytes(self) -> dict[str, int]:
+        return {"nodes": len(self._nodes) * NODE_BYTES}
 
     def _get(self, tenant: str, node_id: str) -> StoredNode | None:
         node = self._nodes.get((tenant, node_id))

@@ -267,6 +267,11 @@ class LanceHandle:
         self._consistency = consistency
         self._table: AsyncTable | None = None
         self._connection: lancedb.AsyncConnection | None = None
+        self._session: lancedb.Session | None = None
+
+    def cache_bytes(self) -> int:
+        """What LanceDB's caches of this handle hold (0 before it is opened)."""
+        return int(self._session.size_bytes) if self._session is not None else 0
 
     @asynccontextmanager
     async def translated(self, action: str) -> AsyncIterator[None]:
@@ -282,9 +287,10 @@ class LanceHandle:
                     self.uri,
                     read_consistency_interval=self._consistency,
                     storage_options=self._storage_options,
-                    session=bounded_session(),
+                    session=(session := bounded_session()),
                 )
                 self._table = await self._connection.open_table(self.name)
+                self._session = session
         return self._table
 
     async def run(self, action: str, operation: Callable[[AsyncTable], Awaitable[T]]) -> T:
@@ -357,6 +363,9 @@ class LanceAdapter:
     def translated(self, action: str) -> AbstractAsyncContextManager[None]:
         """Engine errors inside become SearchIndexError ("index <action> failed: ...")."""
         return self._handle.translated(action)
+
+    def cache_bytes(self) -> dict[str, int]:
+        return {"lancedb": self._handle.cache_bytes()}
 
     async def table(self) -> AsyncTable:
         """The asyncio table handle, opened in the running loop on first use."""

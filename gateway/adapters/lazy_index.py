@@ -19,7 +19,7 @@ import anyio.to_thread
 from gateway.errors import SearchIndexError
 from gateway.memory.ports import MemoryVectors
 from gateway.memory.records import MemoryQuery, MemoryRow, MemorySearchResult
-from gateway.ports import VectorIndex
+from gateway.ports import HoldsCaches, VectorIndex
 from gateway.records import IndexRow, SearchQuery, SearchResult
 
 
@@ -54,6 +54,11 @@ class OpenedOnFirstUse(Generic[T]):
                     self._opened = await anyio.to_thread.run_sync(self._open)
         return self._opened
 
+    def cache_bytes(self) -> dict[str, int]:
+        """The opened part's caches (none before it is opened)."""
+        opened = self._opened
+        return opened.cache_bytes() if isinstance(opened, HoldsCaches) else {}
+
     async def aclose(self) -> None:
         # Under the lock: an open under way finishes first, and is closed here, not kept.
         async with self._lock:
@@ -72,6 +77,9 @@ class LazyVectorIndex:
     @property
     def opened(self) -> bool:
         return self._index.opened
+
+    def cache_bytes(self) -> dict[str, int]:
+        return self._index.cache_bytes()
 
     async def add(self, rows: Sequence[IndexRow]) -> None:
         await (await self._index.get()).add(rows)
@@ -107,6 +115,9 @@ class LazyMemoryVectors:
     @property
     def opened(self) -> bool:
         return self._vectors.opened
+
+    def cache_bytes(self) -> dict[str, int]:
+        return {f"memory_{name}": size for name, size in self._vectors.cache_bytes().items()}
 
     async def upsert(self, rows: Sequence[MemoryRow]) -> None:
         await (await self._vectors.get()).upsert(rows)

@@ -88,6 +88,7 @@ _SPLIT_MIN_CHARS = 256  # shorter texts are counted whole
 _CACHE_MIN_CHARS = 48  # shorter lines are counted again: cheaper than keeping them
 _CACHE_CHARS = 8_000_000  # the cached lines' total length, least recently used dropped first
 _MAX_MODEL_NAMES = 1024
+_ENTRY_BYTES = 160  # a cached line's string header and its ordered-dict entry, besides its characters
 
 
 class TiktokenTokenizer:
@@ -97,6 +98,10 @@ class TiktokenTokenizer:
         self._encoding = encoding
         self._cache: OrderedDict[str, int] = OrderedDict()  # line -> tokens
         self._cached_chars = 0
+
+    def cached_bytes(self) -> int:
+        """What the line cache holds: its characters (a byte each in ASCII text) and each entry's cost."""
+        return self._cached_chars + len(self._cache) * _ENTRY_BYTES
 
     @classmethod
     def for_model(cls, model: str) -> TiktokenTokenizer:
@@ -188,6 +193,9 @@ class TiktokenTokenizers:
     def __init__(self) -> None:
         self._by_encoding: dict[str, TiktokenTokenizer] = {}
         self._by_model: dict[str, TiktokenTokenizer] = {}
+
+    def cache_bytes(self) -> dict[str, int]:
+        return {"token_counts": sum(t.cached_bytes() for t in self._by_encoding.values())}
 
     def for_model(self, model: str) -> TiktokenTokenizer:
         tokenizer = self._by_model.get(model)

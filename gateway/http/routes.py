@@ -141,6 +141,7 @@ class Endpoints:
             "jobs": jobs,
             "indexing": await deps.indexing(),
             "workers": workers,
+            "caches_mb": deps.cache_megabytes(),
         }
         return Response(orjson.dumps(body), media_type="application/json")
 

@@ -66,6 +66,9 @@ class BodyMemo:
         self._by_key: dict[tuple[int, int], _Entry] = {}
         self._counters = counters  # body_messages_reused: messages not parsed again
 
+    def cache_bytes(self) -> dict[str, int]:
+        return {"body_memo": self._held}
+
     @property
     def bytes_held(self) -> int:
         return self._held

@@ -100,6 +100,9 @@ class HistoryMemo:
     def __len__(self) -> int:
         return len(self._seen)
 
+    def cache_bytes(self) -> dict[str, int]:
+        return {"history_memo": self._held}
+
     @property
     def bytes_held(self) -> int:
         return self._held

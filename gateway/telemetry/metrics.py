@@ -6,7 +6,7 @@ Every metric is listed in docs/operations.md ("Metrics"); tests/test_metrics.py 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -32,12 +32,17 @@ _EVENTS = {
 }
 
 
+# Bytes held, by (cache, owner), read at scrape time (telemetry/cache_sizes.py).
+CacheReader = Callable[[], Mapping[tuple[str, str], int]]
+
+
 class _Snapshot(Collector):
     """The process counters (upstream input tokens among them) and the last queue counts, read at
     scrape time."""
 
-    def __init__(self, counters: Counters) -> None:
+    def __init__(self, counters: Counters, caches: CacheReader | None) -> None:
         self._counters = counters
+        self._caches = caches
         self.queue: Mapping[str, int] = {}
         self.oldest: Mapping[str, float] = {}
 
@@ -68,13 +73,21 @@ class _Snapshot(Collector):
         for kind, seconds in sorted(self.oldest.items()):
             oldest.add_metric([kind], seconds)
         yield oldest
+        caches = GaugeMetricFamily(
+            "gateway_cache_bytes",
+            "Bytes each cache holds now, by cache and owner (a tenant, or process for what tenants share).",
+            labels=["cache", "owner"],
+        )
+        for (cache, owner), size in sorted((self._caches or dict)().items()):
+            caches.add_metric([cache, owner], size)
+        yield caches
 
 
 class Metrics:
-    def __init__(self, counters: Counters) -> None:
+    def __init__(self, counters: Counters, caches: CacheReader | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self._snapshot = _Snapshot(counters)
+        self._snapshot = _Snapshot(counters, caches)
         r.register(self._snapshot)
         self.requests = Counter(
             "gateway_requests", "Chat requests by front door, tenant, HTTP status and streaming.",

@@ -29,6 +29,9 @@ class MessageMemo:
     lowered_texts: dict[str, str] = field(default_factory=dict)  # message id -> its text in lower case
     held: int = 0  # bytes counted in both maps
 
+    def cache_bytes(self) -> dict[str, int]:
+        return {"retrieval_memo": self.held}
+
     def lowered(self, item: HistoryItem) -> str:
         """The message's text in lower case."""
         if item.node_id is None:
