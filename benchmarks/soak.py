@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -64,6 +65,7 @@ POSTGRES_URL = os.environ.get(
 
 # --small-caches: bounds this load fills within its first minutes, so that what grows after them is not
 # a cache filling (the defaults take hours of this load to fill).
+CACHE_EVERY = 6  # RSS samples (5 s apart) between readings of the gateways' caches
 SMALL_CACHES = {
     "node_cache_size": 1_500,
     "history_memo_bytes": 1024 * 1024,
@@ -132,6 +134,8 @@ class Soak:
         self.worker: subprocess.Popen[bytes] | None = None  # --worker: the process that runs the jobs
         self.logs: list[Path] = []
         self.rss: list[dict[str, Any]] = []
+        # Each gateway's caches (`/healthz` caches_mb) every CACHE_EVERY samples: {"t", "mb": [by cache]}.
+        self.caches: list[dict[str, Any]] = []
         self.conversations = [
             Conversation(f"user-{u:03d}", c) for u in range(args.users) for c in range(args.conversations)
         ]
@@ -362,13 +366,20 @@ class Soak:
         started = time.monotonic()
         # Heap snapshots (--heap): the baseline after a quarter of the load, then at five eighths and the end.
         marks = [self.args.duration * f for f in (0.25, 0.625)] if self.args.heap else []
-        while True:
-            elapsed = time.monotonic() - started
-            self.rss.append({"t": round(elapsed, 1), "kb": [rss_kb(p.pid) for p in self.measured()]})
-            if marks and elapsed >= marks[0]:
-                marks.pop(0)
-                self.heap_snapshot()
-            await asyncio.sleep(5)
+        async with httpx.AsyncClient(timeout=5) as http:
+            for n in itertools.count():
+                elapsed = time.monotonic() - started
+                self.rss.append({"t": round(elapsed, 1), "kb": [rss_kb(p.pid) for p in self.measured()]})
+                if n % CACHE_EVERY == 0:
+                    with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                        held = [
+                            (await http.get(f"{url}/healthz")).json()["caches_mb"] for url, _ in self.gateways
+                        ]
+                        self.caches.append({"t": round(elapsed, 1), "mb": held})
+                if marks and elapsed >= marks[0]:
+                    marks.pop(0)
+                    self.heap_snapshot()
+                await asyncio.sleep(5)
 
     def measured(self) -> list[subprocess.Popen[bytes]]:
         """The processes whose memory and CPU are reported: each gateway, then the worker if any."""
@@ -553,6 +564,9 @@ def main() -> int:
             },
             "rss_mb": [{"t": s["t"], "mb": [round(kb / 1024, 1) for kb in s["kb"]]} for s in soak.rss],
             "rss_slope_mb_per_min_last_half": rss_slopes(soak.rss),
+            "caches_mb": soak.caches,
+            # The same slope with each gateway's caches taken off (what the bounded caches do not explain).
+            "rss_less_caches_slope_mb_per_min_last_half": rss_slopes(less_caches(soak.rss, soak.caches)),
             # Each process's CPU time during the load a turn (gateways, then the worker with --worker).
             "cpu_ms_per_turn": [round(1000 * c / max(stats.turns, 1), 1) for c in cpu_load],
             "load_after": os.getloadavg()[0],
@@ -579,6 +593,20 @@ def main() -> int:
     else:
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
     return 0 if all(report["checks"].values()) else 1
+
+
+def less_caches(rss: list[dict[str, Any]], caches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The RSS samples taken with a cache reading, less each gateway's caches (the worker's as it was)."""
+    by_time = {c["t"]: c["mb"] for c in caches}
+    out = []
+    for sample in rss:
+        held = by_time.get(sample["t"])
+        if held is not None:
+            kb = [
+                k - (sum(held[i].values()) * 1024 if i < len(held) else 0) for i, k in enumerate(sample["kb"])
+            ]
+            out.append({"t": sample["t"], "kb": kb})
+    return out
 
 
 def rss_slopes(samples: list[dict[str, Any]]) -> list[float]:
@@ -614,6 +642,15 @@ def print_report(report: dict[str, Any], stored: int, expected: int) -> None:
         warm = samples[len(samples) // 4]
         print(f"  RSS MB at {warm['t']} s: {warm['mb']}; at {samples[-1]['t']} s: {samples[-1]['mb']}")
         print(f"  RSS slope over the last half, MB a minute: {report['rss_slope_mb_per_min_last_half']}")
+    held = report.get("caches_mb") or []
+    if held:
+        warm = held[len(held) // 4]
+        for label, sample in (("at", warm), ("at", held[-1])):
+            shown = "; ".join(", ".join(f"{k} {v:.1f}" for k, v in g.items()) for g in sample["mb"])
+            print(f"  caches MB {label} {sample['t']} s: {shown}")
+        print(
+            f"  RSS less caches, slope over the last half: {report['rss_less_caches_slope_mb_per_min_last_half']}"
+        )
     who = "gateways, then the worker" if report["args"]["worker"] == "True" else "gateways"
     print(f"  CPU ms a turn during the load ({who}): {report['cpu_ms_per_turn']}")
     for name, lines in report.get("heap", {}).items():
