@@ -95,15 +95,21 @@ def test_metrics_move_with_traffic_through_every_door(gateway: Gateway, upstream
     assert ("gateway_fail_open_total", ()) in after
 
 
+def parcel_notes(count: int) -> list[dict[str, str]]:
+    """A history of `count` exchanges, each naming a parcel code: long enough to outgrow a small budget."""
+    history: list[dict[str, str]] = []
+    for n in range(count):
+        history += [
+            {"role": "user", "content": f"Note {n}: the parcel code for the warehouse order is PX-{n * 37}."},
+            {"role": "assistant", "content": f"Noted {n}, the parcel code is filed with the order."},
+        ]
+    return history
+
+
 def test_context_sections_report_their_time(upstream: Upstream, make_gateway: Callable[..., Gateway]) -> None:
     gateway = make_gateway([tenant("acme", upstream.base_url, context={"budget_tokens": 400})])
     client = gateway.client()
-    history: list[dict[str, str]] = []
-    for n in range(40):
-        history += [
-            {"role": "user", "content": f"Note {n}: the parcel code is PX-{n * 37}."},
-            {"role": "assistant", "content": f"Noted {n}."},
-        ]
+    history = parcel_notes(40)
     history.append({"role": "user", "content": "Which parcel code was note 3?"})
     raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
     recorded(gateway, raw.headers["x-gateway-request-id"])
@@ -124,13 +130,7 @@ def test_what_each_cache_holds_is_shown_as_it_fills(
     empty = httpx.get(f"{gateway.server.url}/healthz").json()["caches_mb"]
     assert empty.get("vectors", 0) == 0 and empty.get("history_memo", 0) == 0
     client = gateway.client()
-    history: list[dict[str, str]] = []
-    for n in range(40):
-        history += [
-            {"role": "user", "content": f"Note {n}: the parcel code for the warehouse order is PX-{n * 37}."},
-            {"role": "assistant", "content": f"Noted {n}, the parcel code is filed with the order."},
-        ]
-    ask = [*history, {"role": "user", "content": "Which parcel code was note 3?"}]
+    ask = [*parcel_notes(40), {"role": "user", "content": "Which parcel code was note 3?"}]
     client.chat.completions.create(model="gpt-4o", messages=ask)
     wait_for_jobs(gateway)
     client.chat.completions.create(
