@@ -330,6 +330,7 @@ class LanceHandle:
         if self._connection is not None:
             self._connection.close()  # type: ignore[no-untyped-call]
             self._connection = None
+        self._session = None  # its caches go with the connection
 
 
 class LanceAdapter:
