@@ -150,9 +150,21 @@ class JobsConfig(_Frozen):
     retry_base_seconds: float = Field(default=2.0, ge=0)
     retry_max_seconds: float = Field(default=300.0, ge=0)
     keep_done_seconds: float = Field(default=86_400.0, ge=0)
+    # Longest a leased job waits for the requests being worked on to leave the gateway's hands before it
+    # starts anyway (0: never waits); a job outlives this only by its own run, bounded by its lease.
+    yield_seconds: float = Field(default=1.0, ge=0)
     # A question whose answer was never stored (its process was killed mid-stream) is indexed this long
     # after it arrived; an answer stored meanwhile indexes both and drops that job.
     unanswered_index_seconds: float = Field(default=300.0, ge=0)
+
+    @model_validator(mode="after")
+    def _yield_within_lease(self) -> JobsConfig:
+        if self.yield_seconds >= self.lease_seconds / 2:
+            raise ValueError(
+                f"jobs.yield_seconds ({self.yield_seconds:g}) must be under half of jobs.lease_seconds "
+                f"({self.lease_seconds:g}): a job waits that long before it starts, within its lease"
+            )
+        return self
 
 
 class UpstreamConfig(_Frozen):

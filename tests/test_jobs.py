@@ -476,7 +476,16 @@ def test_the_app_runs_registered_handlers_and_reports_jobs_on_healthz(database_u
         "oldest_queued_seconds": 0.0,
         "oldest_queued_seconds_by_kind": {},
     }
-    assert health["workers"] == {"count": 1, "done": 1, "retried": 0, "failed": 0, "lost": 0, "released": 0}
+    assert health["workers"] == {
+        "count": 1,
+        "done": 1,
+        "retried": 0,
+        "failed": 0,
+        "lost": 0,
+        "released": 0,
+        "yielded": 0,
+        "requests_in_hand": 0,
+    }
     assert handler.payloads == [7]
     asyncio.run(deps.aclose())
 

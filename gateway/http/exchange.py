@@ -157,22 +157,12 @@ class _Exchange:
         self.persisted = False
 
     async def run(self, max_body_bytes: int) -> Response | RelayResponse:
-        request, door, deps, tenant = self.request, self.door, self.deps, self.tenant
+        deps, tenant, door = self.deps, self.tenant, self.door
         deps.counters.chat_requests += 1
-        self.parsed = await door.parse(await read_body(request, tenant.body_limit(max_body_bytes)))
-        self.call = call = ChatCall(
-            request_id=request.scope["request_id"],
-            tenant=tenant.name,
-            body=self.parsed.body,
-            raw=self.parsed.raw,
-            headers=door.upstream_headers(to_upstream(request.scope["headers"], chat=True)),
-            started=request.scope["started"],
-            answers_tools=door.answers_tools,
-        )
-        if deps.tracer.recording:  # else the call keeps NULL_TRACE: no attributes are built for nothing
-            call.trace = deps.tracer.trace(f"POST {door.route}", _request_attributes(call, door.route))
-        self.tally.call = call
-        payload = await tenant.pipeline.prepare(call)
+        # Background jobs hold back while the request is in the gateway's hands (not the upstream's).
+        with deps.workers.foreground.request():
+            payload = await self._prepare(max_body_bytes)
+        call = self.call
         self.sent = time.perf_counter()
         if deps.tracer.recording:
             self.span = call.trace.start(*_provider_call(tenant, payload), client=True)
@@ -193,10 +183,28 @@ class _Exchange:
             raise
         return await self._reply(response, status, body)
 
+    async def _prepare(self, max_body_bytes: int) -> ChatPayload:
+        request, door, deps, tenant = self.request, self.door, self.deps, self.tenant
+        self.parsed = await door.parse(await read_body(request, tenant.body_limit(max_body_bytes)))
+        self.call = call = ChatCall(
+            request_id=request.scope["request_id"],
+            tenant=tenant.name,
+            body=self.parsed.body,
+            raw=self.parsed.raw,
+            headers=door.upstream_headers(to_upstream(request.scope["headers"], chat=True)),
+            started=request.scope["started"],
+            answers_tools=door.answers_tools,
+        )
+        if deps.tracer.recording:  # else the call keeps NULL_TRACE: no attributes are built for nothing
+            call.trace = deps.tracer.trace(f"POST {door.route}", _request_attributes(call, door.route))
+        self.tally.call = call
+        return await tenant.pipeline.prepare(call)
+
     async def persist(self, outcome: ChatOutcome) -> None:
         if not self.persisted:
             self.persisted = True
-            await self.tenant.pipeline.complete(self.call, outcome)
+            with self.deps.workers.foreground.request():
+                await self.tenant.pipeline.complete(self.call, outcome)
 
     async def persist_first(self, outcome: ChatOutcome) -> None:
         await self.persist(outcome)

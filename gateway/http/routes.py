@@ -124,7 +124,11 @@ class Endpoints:
         deps: Deps = request.state.deps
         # The workers' own counts first: a job they count as done is then done in the queue's counts too
         # (read the other way round, a job finishing between the reads showed running and done at once).
-        workers = {"count": len(deps.workers.worker_ids), **deps.workers.stats.snapshot()}
+        workers = {
+            "count": len(deps.workers.worker_ids),
+            **deps.workers.stats.snapshot(),
+            "requests_in_hand": deps.workers.foreground.working,  # jobs wait for these to leave
+        }
         jobs: dict[str, JSON] | None = None
         counts = await deps.job_counts()
         if counts is not None:

@@ -22,6 +22,7 @@ from typing import Protocol
 
 from gateway.config import JobsConfig
 from gateway.errors import StoreError
+from gateway.jobs.foreground import Foreground
 from gateway.ports import JobQueue
 from gateway.records import Job
 
@@ -56,6 +57,7 @@ class WorkerStats:
     failed: int = 0
     lost: int = 0  # finished after the lease had expired and been taken again: the result was dropped
     released: int = 0  # handed back unfinished at shutdown, for another worker to run at once
+    yielded: int = 0  # jobs that waited for the requests being worked on before they started
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
@@ -79,8 +81,10 @@ class WorkerPool:
         *,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         observe: JobObserver | None = None,
+        foreground: Foreground | None = None,
     ) -> None:
         self.queue = queue
+        self.foreground = foreground or Foreground()
         self.config = config or JobsConfig()
         self.stats = WorkerStats()
         self._observe = observe
@@ -104,7 +108,12 @@ class WorkerPool:
         jobs it queued, like `context-gateway reindex`, without taking other kinds of work)."""
         handlers = {kind: handler for kind, handler in self._handlers.items() if kind in kinds}
         return WorkerPool(
-            self.queue, handlers, self.config, grace_seconds=self._grace_seconds, observe=self._observe
+            self.queue,
+            handlers,
+            self.config,
+            grace_seconds=self._grace_seconds,
+            observe=self._observe,
+            foreground=self.foreground,
         )
 
     @property
@@ -193,10 +202,14 @@ class WorkerPool:
             return False
         jobs = await self.queue.lease(worker, kinds, self.config.lease_seconds)
         for job in jobs:
-            await self._run(worker, job)
+            # The request path first: a job starts in a quiet moment, or late (never lost).
+            waited = await self.foreground.quiet(self.config.yield_seconds)
+            if waited > 0:
+                self.stats.yielded += 1
+            await self._run(worker, job, waited)
         return bool(jobs)
 
-    async def _run(self, worker: str, job: Job) -> None:
+    async def _run(self, worker: str, job: Job, waited: float = 0.0) -> None:
         if job.attempts > self.config.max_attempts:
             # Every earlier lease expired unfinished: its worker died (this job may be what kills it).
             error = f"gave up: {job.attempts - 1} attempts ended without a result (lease expired)"
@@ -209,7 +222,7 @@ class WorkerPool:
         started = time.perf_counter()
         try:
             # A handler outliving its lease could run twice at once; stop it when the lease ends.
-            async with asyncio.timeout(self.config.lease_seconds) as deadline:
+            async with asyncio.timeout(self.config.lease_seconds - waited) as deadline:
                 await handler(job)
         except asyncio.CancelledError:
             if self._stopping:
