@@ -117,6 +117,8 @@ class Conversation:
 @dataclass
 class Stats:
     latencies: dict[str, list[float]] = field(default_factory=lambda: {"stream": [], "json": []})
+    # (monotonic time, the gateway's own ms: x-gateway-overhead-ms): the latency the gateway adds.
+    added: list[tuple[float, float]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     skipped: int = 0
     turns: int = 0
@@ -284,6 +286,9 @@ class Soak:
             started = time.perf_counter()
             answer, response_headers = await self._send(client, body, headers, stream)
             self.stats.latencies["stream" if stream else "json"].append(time.perf_counter() - started)
+            overhead = response_headers.get("x-gateway-overhead-ms")
+            if overhead is not None:
+                self.stats.added.append((time.monotonic(), float(overhead)))
             self.stats.turns += 1
             reply = {"role": "assistant", "content": answer}
             conversation.history = [*messages, reply]
@@ -479,6 +484,11 @@ class Soak:
         return found
 
 
+def added_after(added: list[tuple[float, float]], since: float) -> dict[str, float]:
+    kept = [ms / 1000 for at, ms in added if at >= since]  # percentile() takes seconds
+    return {"n": len(kept), "p50": round(percentile(kept, 0.5), 1), "p99": round(percentile(kept, 0.99), 1)}
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -500,6 +510,9 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--postgres", action="store_true", help="a fresh schema on this machine's Postgres")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--warmup", type=float, default=30, help="seconds of load left out of the added-latency figures"
+    )
     parser.add_argument("--jobs-timeout", type=float, default=600)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, store)")
@@ -562,6 +575,8 @@ def main() -> int:
                 kind: {"n": len(v), "p50": round(percentile(v, 0.5), 1), "p99": round(percentile(v, 0.99), 1)}
                 for kind, v in {**stats.latencies, "all": every}.items()
             },
+            # The gateway's own time a turn, past the warm-up (the model's first load is not the load's).
+            "added_ms_after_warmup": added_after(stats.added, t0 + args.warmup),
             "rss_mb": [{"t": s["t"], "mb": [round(kb / 1024, 1) for kb in s["kb"]]} for s in soak.rss],
             "rss_slope_mb_per_min_last_half": rss_slopes(soak.rss),
             "caches_mb": soak.caches,
@@ -637,6 +652,11 @@ def print_report(report: dict[str, Any], stored: int, expected: int) -> None:
         print(
             f"  {kind:6} n={lat[kind]['n']:5}  p50 {lat[kind]['p50']:8.1f} ms  p99 {lat[kind]['p99']:8.1f} ms"
         )
+    added = report["added_ms_after_warmup"]
+    print(
+        f"  added by the gateway after {report['args']['warmup']} s: n={added['n']:5}  "
+        f"p50 {added['p50']:8.1f} ms  p99 {added['p99']:8.1f} ms"
+    )
     samples = report["rss_mb"]
     if samples:
         warm = samples[len(samples) // 4]
