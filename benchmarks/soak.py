@@ -134,6 +134,7 @@ class Soak:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.gateways: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.worker: subprocess.Popen[bytes] | None = None  # --worker: the process that runs the jobs
+        self.worker_argv: list[str] = []
         self.logs: list[Path] = []
         self.rss: list[dict[str, Any]] = []
         # Each gateway's caches (`/healthz` caches_mb) every CACHE_EVERY samples: {"t", "mb": [by cache]}.
@@ -161,12 +162,15 @@ class Soak:
         self.config.write_text(json.dumps(self._config(upstream_port)))
         for n in range(self.args.replicas):
             self.gateways.append(self._gateway(f"gateway-{n}"))
-        if self.args.worker:  # the same config, with the job workers the gateways go without
+        if self.args.worker or self.args.jobs_after:  # the config, with the workers the gateways go without
             worker_config = self.workdir / "worker.yaml"
             settings = self._config(upstream_port, reuse_schema=True)
             worker_config.write_text(json.dumps({**settings, "jobs": {**settings["jobs"], "workers": 2}}))
-            worker = [sys.executable, "-m", "gateway", "worker", "--config", str(worker_config)]
-            self.worker = self._spawn(worker, "worker")
+            self.worker_argv = [sys.executable, "-m", "gateway", "worker", "--config", str(worker_config)]
+            if self.args.worker_nice:
+                self.worker_argv = ["nice", "-n", str(self.args.worker_nice), *self.worker_argv]
+            if self.args.worker:
+                self.start_worker()
         deadline = time.monotonic() + 120
         for n in range(len(self.gateways)):
             retries = 3
@@ -188,6 +192,9 @@ class Soak:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"gateway at {url} did not start in 120 s")
                 time.sleep(0.3)
+
+    def start_worker(self) -> None:
+        self.worker = self._spawn(self.worker_argv, "worker")
 
     def _gateway(self, name: str) -> tuple[str, subprocess.Popen[bytes]]:
         port = free_port()
@@ -223,7 +230,7 @@ class Soak:
                 "index_uri": str(self.workdir / "lancedb"),  # one directory for every replica
                 **(SMALL_CACHES if self.args.small_caches else {}),
             },
-            "jobs": {"workers": 0 if self.args.worker else 2, "poll_seconds": 0.5},
+            "jobs": {"workers": 0 if self.args.worker or self.args.jobs_after else 2, "poll_seconds": 0.5},
             "tenants": [
                 {
                     "name": "soak",
@@ -525,6 +532,15 @@ def main() -> int:
         help="jobs in a `context-gateway worker` process, none in the gateways",
     )
     parser.add_argument(
+        "--worker-nice", type=int, default=0, help="with --worker: run the worker under `nice -n N`"
+    )
+    parser.add_argument(
+        "--jobs-after",
+        action="store_true",
+        help="no jobs during the load: a `context-gateway worker` runs them all once it ends (what the "
+        "request path costs alone)",
+    )
+    parser.add_argument(
         "--heap", action="store_true", help="heap snapshot diffs (tracemalloc) at 25/62.5/100 %%"
     )
     args = parser.parse_args()
@@ -548,6 +564,8 @@ def main() -> int:
             soak.heap_snapshot()  # the end of the load: growth since the baseline
             time.sleep(20)  # a snapshot of a large heap takes seconds; the files are read at the end
         jobs_started = time.monotonic()
+        if args.jobs_after:
+            soak.start_worker()
         jobs = soak.wait_for_jobs(args.jobs_timeout)
         report["jobs_drain_seconds"] = round(time.monotonic() - jobs_started, 1)
         report["jobs"] = jobs

@@ -117,9 +117,19 @@ def worker_app() -> ASGIApp:
 @click.option(
     "--config", "config_path", type=click.Path(dir_okay=False), help="YAML config (or $GATEWAY_CONFIG)."
 )
-def worker(config_path: str | None) -> None:
+@click.option(
+    "--nice",
+    type=click.IntRange(0, 19),
+    default=10,
+    show_default=True,
+    help="Added to the worker's CPU niceness: on cores it shares with the server, the requests come first "
+    "(0: the same priority as the server).",
+)
+def worker(config_path: str | None, nice: int) -> None:
     """Run the background jobs only, no HTTP (summaries, embedding, memory), on the same database and
     index as `serve`: give background work cores of its own and run the server with `jobs.workers: 0`."""
+    # First, before any thread starts: Linux keeps a niceness per thread, and new threads inherit it.
+    os.nice(nice)
     tune_malloc()
     try:
         config = resolve_config(config_path)
