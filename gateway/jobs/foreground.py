@@ -20,6 +20,7 @@ class Foreground:
     def __init__(self) -> None:
         self._working = 0
         self._quiet: asyncio.Event | None = None  # made on first use, on the loop that awaits it
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def working(self) -> int:
@@ -42,8 +43,9 @@ class Foreground:
         """Return once no request is being worked on, or after `max_wait` seconds; the seconds waited."""
         if self._working == 0 or max_wait <= 0:
             return 0.0
-        if self._quiet is None:
-            self._quiet = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        if self._quiet is None or self._loop is not loop:  # an event serves the loop it first waited on
+            self._quiet, self._loop = asyncio.Event(), loop
         started = time.perf_counter()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._quiet.wait(), max_wait)
