@@ -4,9 +4,10 @@ the real server (a request waiting on its upstream, or one that failed, holds no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -40,50 +41,48 @@ async def _until(condition: Callable[[], object]) -> None:
         await asyncio.sleep(0.005)
 
 
+@contextlib.asynccontextmanager
+async def _pool(tmp_path: Path) -> AsyncIterator[tuple[SqlStore, Started, Foreground, WorkerPool]]:
+    """A worker pool on a real SQLite queue, with the foreground it yields to; stopped on exit."""
+    store = SqlStore.open(f"sqlite:///{tmp_path}/jobs.db")
+    handler, foreground = Started(), Foreground()
+    pool = WorkerPool(store.jobs, {"record": handler}, CONFIG, foreground=foreground)
+    store.jobs.add_listener(pool.notify)
+    try:
+        async with pool.running():
+            yield store, handler, foreground, pool
+    finally:
+        await store.aclose()
+
+
 def test_a_job_starts_when_the_request_in_hand_leaves(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = SqlStore.open(f"sqlite:///{tmp_path}/jobs.db")
-        handler = Started()
-        foreground = Foreground()
-        pool = WorkerPool(store.jobs, {"record": handler}, CONFIG, foreground=foreground)
-        store.jobs.add_listener(pool.notify)
-        try:
-            async with pool.running():
-                with foreground.request():
-                    await store.jobs.enqueue(NewJob("record", "acme", {"n": 1}))
-                    await asyncio.sleep(0.3)
-                    assert handler.at == []  # leased, held back while the request is worked on
-                    left = time.monotonic()
-                await _until(lambda: handler.at)
-                assert handler.at[0] - left < 0.2
-            assert pool.stats.yielded == 1 and pool.stats.done == 1
-        finally:
-            await store.aclose()
+        async with _pool(tmp_path) as (store, handler, foreground, pool):
+            with foreground.request():
+                await store.jobs.enqueue(NewJob("record", "acme", {"n": 1}))
+                await asyncio.sleep(0.3)
+                assert handler.at == []  # leased, held back while the request is worked on
+                left = time.monotonic()
+            await _until(lambda: handler.at)
+            assert handler.at[0] - left < 0.2
+        assert pool.stats.yielded == 1 and pool.stats.done == 1
 
     asyncio.run(scenario())
 
 
 def test_a_process_that_is_never_quiet_still_runs_its_jobs(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = SqlStore.open(f"sqlite:///{tmp_path}/jobs.db")
-        handler = Started()
-        foreground = Foreground()
-        pool = WorkerPool(store.jobs, {"record": handler}, CONFIG, foreground=foreground)
-        store.jobs.add_listener(pool.notify)
-        try:
-            async with pool.running():
-                with foreground.request():
-                    queued = time.monotonic()
-                    for n in range(2):
-                        await store.jobs.enqueue(NewJob("record", "acme", {"n": n}))
-                    await _until(lambda: len(handler.at) == 2)
+        async with _pool(tmp_path) as (store, handler, foreground, pool):
+            with foreground.request():
+                queued = time.monotonic()
+                for n in range(2):
+                    await store.jobs.enqueue(NewJob("record", "acme", {"n": n}))
+                await _until(lambda: len(handler.at) == 2)
             # Each job waited its `yield_seconds`, then ran: deferred, not starved.
             assert handler.at[0] - queued >= CONFIG.yield_seconds * 0.9
             assert handler.at[1] - handler.at[0] >= CONFIG.yield_seconds * 0.9
-            assert pool.stats.yielded == 2 and pool.stats.done == 2
             assert await store.jobs.counts() == {"queued": 0, "running": 0, "done": 2, "failed": 0}
-        finally:
-            await store.aclose()
+        assert pool.stats.yielded == 2 and pool.stats.done == 2
 
     asyncio.run(scenario())
 
