@@ -159,9 +159,11 @@ class _Exchange:
     async def run(self, max_body_bytes: int) -> Response | RelayResponse:
         deps, tenant, door = self.deps, self.tenant, self.door
         deps.counters.chat_requests += 1
-        # Background jobs hold back while the request is in the gateway's hands (not the upstream's).
+        raw = await read_body(self.request, tenant.body_limit(max_body_bytes))
+        # Background jobs hold back while the request is in the gateway's hands (not the client's
+        # upload, nor the upstream's answer).
         with deps.workers.foreground.request():
-            payload = await self._prepare(max_body_bytes)
+            payload = await self._prepare(raw)
         call = self.call
         self.sent = time.perf_counter()
         if deps.tracer.recording:
@@ -183,9 +185,9 @@ class _Exchange:
             raise
         return await self._reply(response, status, body)
 
-    async def _prepare(self, max_body_bytes: int) -> ChatPayload:
+    async def _prepare(self, raw: bytes) -> ChatPayload:
         request, door, deps, tenant = self.request, self.door, self.deps, self.tenant
-        self.parsed = await door.parse(await read_body(request, tenant.body_limit(max_body_bytes)))
+        self.parsed = await door.parse(raw)
         self.call = call = ChatCall(
             request_id=request.scope["request_id"],
             tenant=tenant.name,
