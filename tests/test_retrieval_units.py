@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.context.question import topic
 from gateway.pipeline.context.ranking import RARE_TERM, RRF_K, Candidate, boost, term_weights
 from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
 from gateway.pipeline.context.retrieval_groups import (
@@ -139,9 +140,48 @@ def test_follow_ranks_a_hit_below_the_match_that_named_it_and_skips_partial_and_
         dates,
     )
     assert [c.node_id for c in ranked] == ["n0", "n1"]
-    assert ranked[1].score == pytest.approx(HOP_SHARE * 1.0 / 2)  # second in the keyword ranking
+    assert ranked[1].score == pytest.approx(HOP_SHARE * 1.0)  # the first hit that holds the lead
     assert ranked[1].views == ["k"] and dates == {"n1": DAY}
     assert texts["n2"] == "etl is great"  # read once, kept for later checks
+    assert source.score == 1.0  # "moved to rack 4" says nothing of what was asked: no confirmation
+
+
+def test_a_hit_that_says_what_was_asked_confirms_the_link_and_lifts_its_source() -> None:
+    path = path_of("tally-api keeps its state in pg-main", "pg-main restarted", "Disk on pg-main hit 96%")
+    source = Candidate("n0", 1.0, views=["m"])
+    ranked = [source]
+    texts = {"n0": "tally-api keeps its state in pg-main"}
+    hits = [IndexHit(node_id, "c", "k", 0, DAY, 1.0) for node_id in ("n1", "n2")]
+    asked = "how full was the disk of the database tally-api writes to?"
+    words = topic(asked, ("tally-api",))
+    follow(hits, {"pg-main": source}, ranked, path, positions_of(path), set(), texts, {}, (words, ()))
+    assert ranked[2].node_id == "n2" and ranked[2].score == pytest.approx(HOP_SHARE / 2)
+    assert source.score == pytest.approx(1.0 + HOP_SHARE / 2)  # once, for the hit that says "disk"
+
+
+def test_leads_are_read_beside_the_question_term_and_a_short_statement_leads_first() -> None:
+    """A DDL line names the table beside six columns; a short statement names it beside its database: the
+    database is the first lead, the columns share the weight of their line, and an identifier that holds
+    the table's name ("ix_refunds_status") or a line without it leads nowhere."""
+    asked = "which postgres version runs the database that holds refunds?"
+    path = path_of(
+        "create table refunds (id, tenant_id, amount_minor, status, created_at, deleted_at)\n"
+        "create index ix_refunds_status on refunds (status)\nalso pg-archive is old",
+        "refunds lives in pg-main.",
+    )
+    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    ranked = [Candidate("n0", 1.0, views=["k"]), Candidate("n1", 0.5, views=["k"])]
+    named = leads(asked, ["refunds"], ranked, path, positions_of(path), texts)
+    assert next(iter(named)) == "pg-main" and named["pg-main"].node_id == "n1"
+    assert "ix_refunds_status" not in named and "pg-archive" not in named
+
+
+def test_an_identifier_said_everywhere_still_leads_from_beside_the_question_term() -> None:
+    path = path_of("Root cause of INC-4666: shipment-svc.", *(f"shipment-svc deploy {i}" for i in range(9)))
+    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    ranked = [Candidate(f"n{i}", 1.0 - i / 10, views=["k"]) for i in range(10)]
+    named = leads("who is on call for inc-4666?", ["inc-4666"], ranked, path, positions_of(path), texts)
+    assert "shipment-svc" in named
 
 
 # retrieval_groups.py

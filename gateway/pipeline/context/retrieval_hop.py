@@ -1,7 +1,10 @@
-"""The retrieval section's second hop: identifiers and names that the HOP_FROM best matches (of the
-HOP_POOL best, those sharing most of the question's topic words) hold and the question does not ("nightly-export runs on etl-07" for "where does nightly-export run?") are searched for
+"""The retrieval section's second hop: identifiers and names that the best matches hold and the
+question does not ("nightly-export runs on etl-07" for "where does nightly-export run?") are searched for
 too, and what holds them ranks at HOP_SHARE of the match that named them, less further down the keyword
-ranking. `leads` and `follow` are pure; `second_hop` adds the one keyword search between them."""
+ranking. With the question's exact terms, leads are read beside them in any
+of the HOP_POOL best matches that state them, a short statement's first; without, anywhere in the
+HOP_FROM best. A find that also says what was asked confirms its source. `leads` and `follow` are pure;
+`second_hop` adds the one keyword search between them."""
 
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ HOP_FROM = 2
 # The best matches a source is chosen from: the one that shares most of the question's topic words goes
 # first ("tally-api writes to pg-ledger-2" for "how full is the disk of the database tally-api writes to?").
 HOP_POOL = 8
-HOP_LIMIT = 10
+HOP_LIMIT = 20
 HOP_SHARE = 0.8
 HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere in particular
 HOP_TERMS = 4  # leads searched at most: a query of more finds messages holding only some of them
@@ -38,6 +41,8 @@ HOP_TERMS = 4  # leads searched at most: a query of more finds messages holding 
 PHRASE = 4
 CJK_LEADS = 2
 _CJK_STRETCH = re.compile(f"[{CJK}]{{{PHRASE},}}")
+# Sentences and lines; a CJK full stop ends a sentence with no space after it.
+_PIECES = re.compile(r"(?<=[.!?;])\s+|(?<=[\u3002\uff01\uff1f\uff1b])|\n+")
 
 
 class KeywordSearch(Protocol):
@@ -62,11 +67,14 @@ async def second_hop(
     named = leads(query.text.lower(), matched_terms, ranked, path, positions, texts)
     if not named:
         return []
+    # The leads alone: with the question's words too, its feature words outranked the short statement
+    # that answers it ("发票合并是 Ravi 的活"; design-zh -1.0 at 8,000 tokens, BENCHMARKS.md).
     try:
         result = await index.search(replace(query, text=" ".join(named), vector=None, limit=HOP_LIMIT))
     except StoreError:
         return []  # the first hop's ranking stands
-    follow(result.keyword, named, ranked, path, positions, recent, texts, dates)
+    asked = topic(query.text, tuple(matched_terms)), tuple(matched_terms)
+    follow(result.keyword, named, ranked, path, positions, recent, texts, dates, asked)
     return list(named)
 
 
@@ -86,34 +94,61 @@ def leads(
     own = [c for c in searched if any(states(texts[c.node_id], t) for t in matched_terms)]
     words = topic(asked, tuple(matched_terms))
     pool = (own or searched)[:HOP_POOL]
-    sources = sorted(pool, key=lambda c: -shared_words(texts[c.node_id], words))[:HOP_FROM]  # stable
+    sources = sorted(pool, key=lambda c: -shared_words(texts[c.node_id], words))  # stable
+    # Read beside the question's terms, every source of the pool may hold the link; without terms, the
+    # whole of the best HOP_FROM is read.
+    sources = sources if matched_terms else sources[:HOP_FROM]
     named: dict[str, Candidate] = {}
     names: set[str] = set()
     phrases: dict[str, Candidate] = {}
     whole: list[str] = []  # every message's text, read once, on first need
+    # (weight, order, term, source): a statement naming one thing beside the question's term is a link;
+    # a line naming six (a DDL's columns, a log's fields) spreads its weight over them.
+    weighed: list[tuple[float, int, str, Candidate]] = []
 
     def path_texts() -> list[str]:
         if not whole:
             whole.extend(message_text(item.message) for item in path)
         return whole
 
-    for source in sources:
-        said = message_text(path[positions[source.node_id]].message)
-        names.update(capitalised_names(said))
-        for term in named_terms(said):
-            if contains_term(asked, term) or term in named:
-                continue
-            # Said all over the conversation (a speaker's name, a word like "keep-alive"): no lead.
-            if sum(term in text and contains_term(text, term) for text in texts.values()) <= HOP_COMMON:
-                named[term] = source
+    for order, source in enumerate(sources):
+        said = linking(message_text(path[positions[source.node_id]].message), matched_terms)
+        its_names = capitalised_names(said)
+        names.update(its_names)
+        here = [t for t in named_terms(said) if not _asked(t, asked, matched_terms)]
+        # Said all over the conversation (a speaker's name, a word like "keep-alive"): no lead, unless
+        # an identifier said beside the question's own term (a service named everywhere is still a link).
+        here = [t for t in here if (matched_terms and t not in its_names) or _count(t, texts) <= HOP_COMMON]
+        weighed += [(1 / len(here), order, t, source) for t in here]
         if _CJK_STRETCH.search(said):
             phrases |= {p: source for p in cjk_phrases(said.lower(), asked, path_texts()) if p not in phrases}
+    for _, _, term, source in sorted(weighed, key=lambda w: (-w[0], w[1])):
+        named.setdefault(term, source)
     if names & named.keys():
         # A capitalised word the path also says in lower case only starts a sentence: not a name.
         everything = "\n".join(path_texts())
         named = {t: c for t, c in named.items() if t not in names or not contains_term(everything, t)}
     ordered = {t: named[t] for t in sorted(named, key=names.__contains__)}
     return dict(list({**ordered, **phrases}.items())[:HOP_TERMS])
+
+
+def _asked(term: str, asked: str, matched_terms: list[str]) -> bool:
+    """The question holds `term`, or `term` holds one of its terms ("ix_refunds_status" of "refunds")."""
+    return contains_term(asked, term) or any(t in term for t in matched_terms)
+
+
+def _count(term: str, texts: dict[str, str]) -> int:
+    return sum(term in text and contains_term(text, term) for text in texts.values())
+
+
+def linking(said: str, terms: list[str]) -> str:
+    """The sentences and lines of `said` that hold one of the question's `terms` (all of it if it has
+    none): a link is stated beside the name it links from ("Root cause of INC-4666: shipment-svc."),
+    where a table's DDL or a log names a dozen identifiers that lead nowhere in particular."""
+    if not terms:
+        return said
+    pieces = [p for p in _PIECES.split(said) if any(contains_term(p.lower(), t) for t in terms)]
+    return "\n".join(pieces) or said
 
 
 def cjk_phrases(said: str, asked: str, path_texts: list[str]) -> list[str]:
@@ -142,11 +177,16 @@ def follow(
     recent: set[str | None],
     texts: dict[str, str],
     dates: dict[str, datetime | None],
+    asked: tuple[frozenset[str], tuple[str, ...]] = (frozenset(), ()),
 ) -> None:
     """Rank the second search's keyword `hits` that hold a lead into `ranked` (re-sorted), below the
-    match that named them; a hit new to the ranking joins it."""
+    match that named them; a hit new to the ranking joins it. A hit that also says what was `asked`
+    (the question's topic words, its terms) confirms the link: its source gains as much as it does."""
     by_node = {c.node_id: c for c in ranked}
-    for rank, hit in enumerate(hits):
+    words, terms = asked
+    confirmed: set[str] = set()
+    rank = 0  # among the hits that hold a lead
+    for hit in hits:
         if hit.node_id not in positions or hit.node_id in recent:
             continue
         text = texts.get(hit.node_id)
@@ -159,7 +199,14 @@ def follow(
         if candidate is None:
             candidate = by_node[hit.node_id] = Candidate(hit.node_id, created_at=hit.created_at)
             ranked.append(candidate)
-        candidate.score += HOP_SHARE * max(s.score for s in sources_of) / (1 + rank)
+        share = HOP_SHARE * max(s.score for s in sources_of) / (1 + rank)
+        candidate.score += share
+        rank += 1
+        if shared_words(text, words) or any(contains_term(text, t) for t in terms):
+            for source in sources_of:  # once each, for its best confirming find
+                if source.node_id not in confirmed:
+                    confirmed.add(source.node_id)
+                    source.score += share
         candidate.views.append(hit.view)
         dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
     ranked.sort(key=lambda c: c.score, reverse=True)
