@@ -190,6 +190,61 @@ def test_a_fact_chained_through_two_turns_is_found_by_a_second_hop(
     assert "etl-07" in retrieval["hop"]
 
 
+def test_a_hop_follows_a_host_the_whole_chat_talks_about_from_the_sentence_that_links_it(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """The host is named in a dozen turns, so it is no rare word; the job's schema,
+    naming the job beside six columns, matches the question better than the one line that links the job
+    to the host. The link's own sentence still leads to the host, and the host's region is found."""
+    gateway = gateway_with(make_gateway, upstream, context={"budget_tokens": 700})
+    schema = (
+        "Schema for the nightly-export job's state table:\n"
+        "nightly-export: run_id, started_at, finished_at, row_count, export_path, checksum_sha"
+    )
+    chatter = [
+        {"role": "user", "content": f"Ops note: etl-07 {what}, nothing lost, the queue drained on its own."}
+        for what in (
+            "rebooted again after the kernel patch",
+            "shows high load on the second socket",
+            "needs a firmware update this quarter",
+            "had its fan replaced by facilities",
+            "was slow to answer ssh this morning",
+            "ran out of inodes on the scratch disk",
+            "got a new network card last month",
+            "logged ECC warnings overnight",
+            "was drained for maintenance",
+            "is back in the pool",
+        )
+    ]
+    history = [
+        {"role": "user", "content": "Heads up: the nightly-export job runs on etl-07 now."},
+        {"role": "assistant", "content": "Noted."},
+        *filler(40),
+        {"role": "user", "content": schema},
+        {"role": "assistant", "content": "Got it."},
+        *filler(20, offset=3),
+        {"role": "user", "content": "Reminder: etl-07 sits in the eu-west-1 rack."},
+        {"role": "assistant", "content": "Good to know."},
+        *[m for c in chatter for m in (c, {"role": "assistant", "content": "Thanks for the update."})],
+        *filler(60, offset=5),
+        {"role": "user", "content": "Thanks, that is all for now."},
+    ]
+    say(gateway, history)
+    wait_for_jobs(gateway, timeout=600)
+    history += [
+        {"role": "assistant", "content": upstream.fake.last_chat().body["messages"][-1]["content"]},
+        {"role": "user", "content": "In which region is the machine that runs the nightly-export job?"},
+    ]
+    raw = say(gateway, history)
+    context = injected(upstream)
+    assert "the nightly-export job runs on etl-07 now." in context
+    assert "etl-07 sits in the eu-west-1 rack" in context
+    retrieval = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]["sections"][
+        "retrieval"
+    ]
+    assert "etl-07" in retrieval["hop"] and "row_count" not in retrieval["hop"]
+
+
 def test_a_why_question_gets_the_reason_said_after_the_decision(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:

@@ -105,7 +105,7 @@ def test_a_chinese_source_leads_by_a_phrase_a_few_other_messages_hold() -> None:
     named = leads(asked, ["ff_tax_preview"], ranked, path, positions_of(path), texts)
     assert list(named) == ["发票合并"] and named["发票合并"].node_id == "n1"
     dates: dict[str, datetime | None] = {}
-    hits = [IndexHit("n2", "c", "k", 2, DAY, 1.0), IndexHit("n3", "c", "k", 3, DAY, 0.5)]
+    hits = [IndexHit("n2", "c", "m", 2, DAY, 1.0), IndexHit("n3", "c", "m", 3, DAY, 0.5)]
     follow(hits, named, ranked, path, positions_of(path), set(), texts, dates)
     assert [c.node_id for c in ranked] == ["n1", "n2"]  # joined without spaces, found all the same
 
@@ -116,9 +116,13 @@ def test_no_leads_from_candidates_only_a_neighbour_ranked() -> None:
     assert leads("which host?", [], [Candidate("n0", 1.0)], path, positions_of(path), texts) == {}
 
 
-def test_follow_ranks_a_hit_below_the_match_that_named_it_and_skips_partial_and_recent_hits() -> None:
+def test_follow_ranks_a_hit_below_the_match_that_named_it_and_skips_partial_recent_and_joined_hits() -> None:
     path = path_of(
-        "nightly-export runs on etl-07", "etl-07 was moved to rack 4", "etl is great", "etl-07 again"
+        "nightly-export runs on etl-07",
+        "etl-07 was moved to rack 4",
+        "etl is great",
+        "etl-07 again",
+        "etl-07 rebooted",
     )
     positions = positions_of(path)
     source = Candidate("n0", 1.0, views=["m"])
@@ -126,11 +130,11 @@ def test_follow_ranks_a_hit_below_the_match_that_named_it_and_skips_partial_and_
     texts = {"n0": "nightly-export runs on etl-07"}
     dates: dict[str, datetime | None] = {}
 
-    def hit(node_id: str) -> IndexHit:
-        return IndexHit(node_id, "c", "k", 0, DAY, 1.0)
+    def hit(node_id: str, view: str = "m") -> IndexHit:
+        return IndexHit(node_id, "c", view, 0, DAY, 1.0)
 
     follow(
-        [hit("n2"), hit("n1"), hit("n3"), hit("n0")],
+        [hit("n4", "w"), hit("n2"), hit("n1"), hit("n3"), hit("n0")],  # n4 with its neighbours only
         {"etl-07": source},
         ranked,
         path,
@@ -141,7 +145,7 @@ def test_follow_ranks_a_hit_below_the_match_that_named_it_and_skips_partial_and_
     )
     assert [c.node_id for c in ranked] == ["n0", "n1"]
     assert ranked[1].score == pytest.approx(HOP_SHARE * 1.0)  # the first hit that holds the lead
-    assert ranked[1].views == ["k"] and dates == {"n1": DAY}
+    assert ranked[1].views == ["m"] and dates == {"n1": DAY}
     assert texts["n2"] == "etl is great"  # read once, kept for later checks
     assert source.score == 1.0  # "moved to rack 4" says nothing of what was asked: no confirmation
 
@@ -151,7 +155,7 @@ def test_a_hit_that_says_what_was_asked_confirms_the_link_and_lifts_its_source()
     source = Candidate("n0", 1.0, views=["m"])
     ranked = [source]
     texts = {"n0": "tally-api keeps its state in pg-main"}
-    hits = [IndexHit(node_id, "c", "k", 0, DAY, 1.0) for node_id in ("n1", "n2")]
+    hits = [IndexHit(node_id, "c", "m", 0, DAY, 1.0) for node_id in ("n1", "n2")]
     asked = "how full was the disk of the database tally-api writes to?"
     words = topic(asked, ("tally-api",))
     follow(hits, {"pg-main": source}, ranked, path, positions_of(path), set(), texts, {}, (words, ()))

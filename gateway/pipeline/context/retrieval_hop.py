@@ -31,7 +31,8 @@ HOP_FROM = 2
 # The best matches a source is chosen from: the one that shares most of the question's topic words goes
 # first ("tally-api writes to pg-ledger-2" for "how full is the disk of the database tally-api writes to?").
 HOP_POOL = 8
-HOP_LIMIT = 20
+HOP_LIMIT = 40  # views: about a third are messages alone
+OWN_VIEW = "m"  # records.IndexRow: the message alone
 HOP_SHARE = 0.8
 HOP_COMMON = 6  # a term held by more of the candidates than this leads nowhere in particular
 HOP_TERMS = 4  # leads searched at most: a query of more finds messages holding only some of them
@@ -187,7 +188,9 @@ def follow(
     confirmed: set[str] = set()
     rank = 0  # among the hits that hold a lead
     for hit in hits:
-        if hit.node_id not in positions or hit.node_id in recent:
+        # A message alone: a view with neighbours ranks a run of messages that all name the lead above the
+        # one statement that says what the lead is ("etl-07 sits in the eu-west-1 rack").
+        if hit.view != OWN_VIEW or hit.node_id not in positions or hit.node_id in recent:
             continue
         text = texts.get(hit.node_id)
         if text is None:
