@@ -1,10 +1,10 @@
 """The retrieval section's second hop: identifiers and names that the best matches hold and the
 question does not ("nightly-export runs on etl-07" for "where does nightly-export run?") are searched for
 too, and what holds them ranks at HOP_SHARE of the match that named them, less further down the keyword
-ranking. With the question's exact terms, leads are read beside them in any
-of the HOP_POOL best matches that state them, a short statement's first; without, anywhere in the
-HOP_FROM best. A find that also says what was asked confirms its source. `leads` and `follow` are pure;
-`second_hop` adds the one keyword search between them."""
+ranking of the messages alone. With the question's exact terms, leads are read beside them in any of the
+HOP_POOL best matches that state them, a short statement's first; without, anywhere in the HOP_FROM best.
+A find that also says what was asked confirms its source. `leads` and `follow` are pure; `second_hop`
+adds the one keyword search between them."""
 
 from __future__ import annotations
 
