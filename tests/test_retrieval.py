@@ -135,6 +135,21 @@ def test_an_error_code_500_turns_back_is_retrieved(
     assert "[date unknown]" in injected(upstream)
 
 
+def indexed_then_asked(
+    gateway: Gateway, upstream: Upstream, history: list[dict[str, Any]], question: str
+) -> tuple[str, dict[str, Any]]:
+    """`history` sent and indexed, then `question` asked after the answer: what was injected, and the
+    retrieval section's report."""
+    say(gateway, history)
+    wait_for_jobs(gateway, timeout=600)
+    answer = upstream.fake.last_chat().body["messages"][-1]["content"]
+    raw = say(
+        gateway, [*history, {"role": "assistant", "content": answer}, {"role": "user", "content": question}]
+    )
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    return injected(upstream), report["sections"]["retrieval"]
+
+
 def test_a_fact_chained_through_two_turns_is_found_by_a_second_hop(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
@@ -174,19 +189,11 @@ def test_a_fact_chained_through_two_turns_is_found_by_a_second_hop(
         *filler(60, offset=3),
         {"role": "user", "content": "Thanks, that is all for now."},
     ]
-    say(gateway, history)
-    wait_for_jobs(gateway, timeout=600)
-    history += [
-        {"role": "assistant", "content": upstream.fake.last_chat().body["messages"][-1]["content"]},
-        {"role": "user", "content": "In which region is the machine that runs the nightly-export job?"},
-    ]
-    raw = say(gateway, history)
-    context = injected(upstream)
+    context, retrieval = indexed_then_asked(
+        gateway, upstream, history, "In which region is the machine that runs the nightly-export job?"
+    )
     assert "The nightly-export job runs on etl-07 now." in context
     assert "etl-07 is physically in eu-west-1" in context
-    retrieval = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]["sections"][
-        "retrieval"
-    ]
     assert "etl-07" in retrieval["hop"]
 
 
@@ -229,19 +236,11 @@ def test_a_hop_follows_a_host_the_whole_chat_talks_about_from_the_sentence_that_
         *filler(60, offset=5),
         {"role": "user", "content": "Thanks, that is all for now."},
     ]
-    say(gateway, history)
-    wait_for_jobs(gateway, timeout=600)
-    history += [
-        {"role": "assistant", "content": upstream.fake.last_chat().body["messages"][-1]["content"]},
-        {"role": "user", "content": "In which region is the machine that runs the nightly-export job?"},
-    ]
-    raw = say(gateway, history)
-    context = injected(upstream)
+    context, retrieval = indexed_then_asked(
+        gateway, upstream, history, "In which region is the machine that runs the nightly-export job?"
+    )
     assert "the nightly-export job runs on etl-07 now." in context
     assert "etl-07 sits in the eu-west-1 rack" in context
-    retrieval = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]["sections"][
-        "retrieval"
-    ]
     assert "etl-07" in retrieval["hop"] and "row_count" not in retrieval["hop"]
 
 
