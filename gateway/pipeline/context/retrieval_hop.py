@@ -121,7 +121,7 @@ def leads(
         # an identifier said beside the question's own term (a service named everywhere is still a link).
         here = [t for t in here if (matched_terms and t not in its_names) or _count(t, texts) <= HOP_COMMON]
         weighed += [(1 / len(here), order, t, source) for t in here]
-        if _CJK_STRETCH.search(said):
+        if order < HOP_FROM and _CJK_STRETCH.search(said):  # each is counted over the whole path
             phrases |= {p: source for p in cjk_phrases(said.lower(), asked, path_texts()) if p not in phrases}
     for _, _, term, source in sorted(weighed, key=lambda w: (-w[0], w[1])):
         named.setdefault(term, source)
