@@ -171,3 +171,14 @@ def test_a_question_about_the_past_borrows_the_windows_room_for_its_turn_alone()
     # Only the breakpoint after the stable block: this turn's window is not the next turn's.
     assert state.cache_breaks == (1,)
     assert state.report["sent"]["cache_breaks"] == [1]
+
+
+def test_a_question_about_the_past_takes_the_room_the_window_and_the_summary_left() -> None:
+    # The default recent share (6,000) scales every allowance down to a third at this budget, while the
+    # window fills half its room: the tail gets the rest, not a third of its ask.
+    gateway = builder(2_000, Epochs())
+    _, state = build(gateway, history(60, answer_words=40), "Earlier, what did we say?")
+    assert state.report is not None and state.sent_tokens is not None
+    retrieval = state.report["sections"]["retrieval"]
+    assert retrieval["allowance"] > retrieval["asked"] * 2_000 / 6_000
+    assert state.sent_tokens > 1_900

@@ -284,7 +284,11 @@ class ContextBuilder:
                 again = [await planned_ask(section, tail_build) for section in plan.tail]
                 planned = [(want, a + b) for (_, a), (want, b) in zip(planned, again, strict=True)]
         room = plan.available - zone.tokens - window_tokens
-        tail_zone = await propose_zone(tail_build, plan.tail, max(room, 0), plan.scale, TAIL_HEADER, planned)
+        # The tail shares the room the stable block and the window left by what each section asks: the
+        # plan's scale assumes their full shares, and what they did not use would go unsent.
+        spare = room - framing_tokens(build.tokenizer, len(plan.tail), TAIL_HEADER)
+        scale = max(plan.scale, min(1.0, spare / max(sum(w for w, _ in planned), 1)))
+        tail_zone = await propose_zone(tail_build, plan.tail, max(room, 0), scale, TAIL_HEADER, planned)
         return tail_zone, window, cut_end
 
     def _borrow(self, plan: _Plan, stable_tokens: int, start: int, need: int) -> tuple[int, bool]:
