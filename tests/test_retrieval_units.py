@@ -20,7 +20,7 @@ from gateway.pipeline.context.retrieval_groups import (
     other_group,
     said_above,
 )
-from gateway.pipeline.context.retrieval_hop import HOP_SHARE, HOP_TERMS, follow, leads
+from gateway.pipeline.context.retrieval_hop import HOP_SHARE, HOP_TERMS, capitalised_inside, follow, leads
 from gateway.pipeline.context.tail_lines import lines_of
 from gateway.records import IndexHit
 
@@ -88,6 +88,22 @@ def test_leads_skip_a_capitalised_word_the_path_also_says_in_lower_case() -> Non
     named = leads("what about the rack?", [], ranked, path, positions_of(path), texts)
     assert "proposal" not in named and "srv-9" in named
     assert len(named) <= HOP_TERMS
+
+
+def test_leads_skip_a_word_capitalised_only_where_sentences_start_and_keep_a_name_said_inside_one() -> None:
+    path = path_of(
+        "Pulled the logs for srv-9. Thinking: Priya owns it.",
+        "- Thinking about srv-9 again",
+        "thanks Priya, noted",
+        "what about it",
+    )
+    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    ranked = [Candidate("n0", 1.0, views=["k"])]
+    named = leads("who looks after the box?", [], ranked, path, positions_of(path), texts)
+    assert "pulled" not in named and "thinking" not in named
+    assert {"srv-9", "priya"} <= named.keys()
+    assert capitalised_inside("ask Wang Fang first", "wang fang")
+    assert not capitalised_inside("Done.\n\n* Done again", "done")
 
 
 def test_a_chinese_source_leads_by_a_phrase_a_few_other_messages_hold() -> None:

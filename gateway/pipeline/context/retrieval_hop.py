@@ -126,11 +126,33 @@ def leads(
     for _, _, term, source in sorted(weighed, key=lambda w: (-w[0], w[1])):
         named.setdefault(term, source)
     if names & named.keys():
-        # A capitalised word the path also says in lower case only starts a sentence: not a name.
+        # A capitalised word the path also says in lower case, or capitalises only where a sentence or
+        # line starts ("Thinking about it", "Pulled the logs"), is no name.
         everything = "\n".join(path_texts())
-        named = {t: c for t, c in named.items() if t not in names or not contains_term(everything, t)}
+        named = {
+            t: c
+            for t, c in named.items()
+            if t not in names or (not contains_term(everything, t) and capitalised_inside(everything, t))
+        }
     ordered = {t: named[t] for t in sorted(named, key=names.__contains__)}
     return dict(list({**ordered, **phrases}.items())[:HOP_TERMS])
+
+
+# Where a sentence or line starts: after these, past spaces, quotes, brackets and list marks.
+_STARTS = frozenset(".!?:\n\u3002\uff01\uff1f\uff1a")
+_OPENERS = " \t\"'([*->#\u201c\u2018"
+
+
+def capitalised_inside(text: str, name: str) -> bool:
+    """Whether `text` says `name` (lower case) capitalised somewhere other than a sentence's or a line's
+    start: a person or a product is named mid-sentence too ("thanks Sara", "ask Wang Fang")."""
+    for match in re.finditer(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text, re.IGNORECASE):
+        if not text[match.start()].isupper():
+            continue
+        before = text[max(0, match.start() - 16) : match.start()].rstrip(_OPENERS)
+        if before and before[-1] not in _STARTS:
+            return True
+    return False
 
 
 def _asked(term: str, asked: str, matched_terms: list[str]) -> bool:
