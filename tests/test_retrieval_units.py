@@ -11,6 +11,7 @@ import pytest
 from gateway.pipeline.call import HistoryItem
 from gateway.pipeline.context.question import topic
 from gateway.pipeline.context.ranking import RARE_TERM, RRF_K, Candidate, boost, term_weights
+from gateway.pipeline.context.retrieval import POOL_GROWTH, POOL_ROOM, pool_size
 from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
 from gateway.pipeline.context.retrieval_groups import (
     DATE_LINE_TOKENS,
@@ -65,6 +66,13 @@ def test_boost_adds_terms_and_recency_then_sorts_best_first() -> None:
     assert [c.node_id for c in ranked] == ["n0", "n2", "n1"]
     assert ranked[0].score == pytest.approx(0.6)
     assert ranked[1].score == pytest.approx(0.1 + 1.0 / RRF_K * 2 / 3)
+
+
+def test_more_room_searches_deeper_up_to_a_bound() -> None:
+    assert pool_size(120, 0) == 120  # room unknown
+    assert pool_size(120, 2_000) == pool_size(120, POOL_ROOM) == 120
+    assert pool_size(120, POOL_ROOM * 3 // 2) == 180
+    assert pool_size(120, 60_000) == round(120 * POOL_GROWTH)
 
 
 # retrieval_hop.py

@@ -194,7 +194,7 @@ class ContextBuilder:
             tokenizer, len(tail), TAIL_HEADER
         )
         return _Plan(
-            BuildInput(call, tokenizer, system, history, current),
+            BuildInput(call, tokenizer, system, history, current, room_tokens=available),
             budget,
             original,
             fixed_extra,

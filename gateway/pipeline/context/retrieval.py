@@ -60,6 +60,10 @@ _ASKS = re.compile(
 # An English-only model's share of the ranking on a question mostly in CJK (benchmarks/workchat.py).
 FOREIGN_SEMANTIC_WEIGHT = 0.25
 OTHER_MAX = 3  # groups from other conversations: each costs a store read
+# The configured candidates fill the room of a 4,000-token budget; more room searches deeper, up to
+# POOL_GROWTH times as many (240 at 8,000: recall up on every set there, mixed at 4,000; BENCHMARKS.md).
+POOL_ROOM = 4_000
+POOL_GROWTH = 2.0
 # What the searches returned, the user's other conversations' too, and the seconds spent embedding.
 _Searched = tuple[SearchResult, SearchResult | None, float]
 
@@ -154,7 +158,7 @@ class RetrievalSection:
             tenant=build.call.tenant,
             text=question,
             vector=None,
-            limit=self.config.candidates,
+            limit=pool_size(self.config.candidates, build.room_tokens),
             conversation_id=state.conversation_id,
             max_depth=first_depth + newest_older + 1,
             since=time_range.since if time_range else None,
@@ -380,6 +384,13 @@ class RetrievalSection:
         """The section's text and its tokens (`compose`), message lines counted once per message and
         encoding."""
         return compose(groups, others, partial(self.memo.counted, build.tokenizer), build.tokenizer.count)
+
+
+def pool_size(candidates: int, room_tokens: int) -> int:
+    """The hits each ranking returns where the history's sections have `room_tokens` (0: unknown):
+    `candidates`, more past POOL_ROOM, where the tail holds more old messages than they bring."""
+    growth = min(max(room_tokens / POOL_ROOM, 1.0), POOL_GROWTH)
+    return round(candidates * growth)
 
 
 def _loaded_path(build: BuildInput) -> tuple[list[HistoryItem], dict[str, int], int]:

@@ -28,6 +28,8 @@ class BuildInput:
     memo: dict[str, object] = field(default_factory=dict)
     # Texts the higher-priority sections already put in (the summary), in order.
     above: list[str] = field(default_factory=list)
+    # The tokens the budget leaves the history's sections (0: unknown): more room searches deeper.
+    room_tokens: int = 0
 
 
 @dataclass(slots=True)
