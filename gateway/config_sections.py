@@ -78,6 +78,7 @@ class RetrievalConfig(_Frozen):
     # The allowance when the question asks about the past (or names a time): retrieval moves up.
     recall_allowance_tokens: int = Field(default=9_000, gt=0)
     neighbours: int = Field(default=1, ge=0)
+    # Hits per ranking where the history has 4,000 tokens of room; more room searches deeper (up to 2x).
     candidates: int = Field(default=120, ge=1)
     other_conversations: bool = False
     # Messages one embed job indexes (three texts each); a longer stretch becomes several jobs.
