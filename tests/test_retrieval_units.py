@@ -38,6 +38,10 @@ def positions_of(path: list[HistoryItem]) -> dict[str, int]:
     return {item.node_id: i for i, item in enumerate(path) if item.node_id is not None}
 
 
+def lowered_texts(path: list[HistoryItem]) -> dict[str, str]:
+    return {item.node_id or "": item.message["content"].lower() for item in path}
+
+
 def one_token(_: HistoryItem) -> int:
     return 1
 
@@ -80,7 +84,7 @@ def test_more_room_searches_deeper_up_to_a_bound() -> None:
 
 def test_leads_are_what_the_best_match_names_and_the_question_does_not() -> None:
     path = path_of("where does nightly-export run?", "nightly-export runs on etl-07 since March")
-    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    texts = lowered_texts(path)
     ranked = [Candidate("n1", 1.0, views=["m"]), Candidate("n0", 0.5, views=["m"])]
     named = leads(
         "where does nightly-export run?", ["nightly-export"], ranked, path, positions_of(path), texts
@@ -91,7 +95,7 @@ def test_leads_are_what_the_best_match_names_and_the_question_does_not() -> None
 
 def test_leads_skip_a_capitalised_word_the_path_also_says_in_lower_case() -> None:
     path = path_of("Proposal: move srv-9 to the new rack", "the proposal was accepted", "what about it")
-    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    texts = lowered_texts(path)
     ranked = [Candidate("n0", 1.0, views=["k"])]
     named = leads("what about the rack?", [], ranked, path, positions_of(path), texts)
     assert "proposal" not in named and "srv-9" in named
@@ -105,7 +109,7 @@ def test_leads_skip_a_word_capitalised_only_where_sentences_start_and_keep_a_nam
         "thanks Priya, noted",
         "what about it",
     )
-    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    texts = lowered_texts(path)
     ranked = [Candidate("n0", 1.0, views=["k"])]
     named = leads("who looks after the box?", [], ranked, path, positions_of(path), texts)
     assert "pulled" not in named and "thinking" not in named
@@ -123,7 +127,7 @@ def test_a_chinese_source_leads_by_a_phrase_a_few_other_messages_hold() -> None:
         "发票合并是 Bogdan 的活。",
         "退款向导藏在 ff_usage_alerts 后面。",
     )
-    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    texts = lowered_texts(path)
     ranked = [Candidate("n1", 1.0, views=["m"])]
     asked = "ff_tax_preview 背后的功能是谁做的？"
     named = leads(asked, ["ff_tax_preview"], ranked, path, positions_of(path), texts)
@@ -197,7 +201,7 @@ def test_leads_are_read_beside_the_question_term_and_a_short_statement_leads_fir
         "create index ix_refunds_status on refunds (status)\nalso pg-archive is old",
         "refunds lives in pg-main.",
     )
-    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    texts = lowered_texts(path)
     ranked = [Candidate("n0", 1.0, views=["k"]), Candidate("n1", 0.5, views=["k"])]
     named = leads(asked, ["refunds"], ranked, path, positions_of(path), texts)
     assert next(iter(named)) == "pg-main" and named["pg-main"].node_id == "n1"
@@ -206,7 +210,7 @@ def test_leads_are_read_beside_the_question_term_and_a_short_statement_leads_fir
 
 def test_an_identifier_said_everywhere_still_leads_from_beside_the_question_term() -> None:
     path = path_of("Root cause of INC-4666: shipment-svc.", *(f"shipment-svc deploy {i}" for i in range(9)))
-    texts = {item.node_id or "": item.message["content"].lower() for item in path}
+    texts = lowered_texts(path)
     ranked = [Candidate(f"n{i}", 1.0 - i / 10, views=["k"]) for i in range(10)]
     named = leads("who is on call for inc-4666?", ["inc-4666"], ranked, path, positions_of(path), texts)
     assert "shipment-svc" in named
