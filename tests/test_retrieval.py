@@ -135,6 +135,28 @@ def test_an_error_code_500_turns_back_is_retrieved(
     assert "[date unknown]" in injected(upstream)
 
 
+@BUDGETING_ONLY
+def test_a_present_tense_question_whose_name_the_window_says_still_gets_the_old_answer(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    # The window names tenant-admin, so no term is old-only and the question is not about the past; an
+    # old message holds more of its words than any window message does: that is what answers it.
+    gateway = gateway_with(make_gateway, upstream)
+    history = [
+        {"role": "user", "content": "Where did we put the admin services?"},
+        {"role": "assistant", "content": "tenant-admin runs on c5-node-a3 and listens on port 8443."},
+        *filler(120),
+        {"role": "user", "content": "I restarted tenant-admin after the deploy."},
+        {"role": "assistant", "content": "Good, tenant-admin is healthy again."},
+        {"role": "user", "content": "Thanks."},
+    ]
+    injected_text, retrieval = indexed_then_asked(
+        gateway, upstream, history, "Which port does tenant-admin listen on?"
+    )
+    assert "port 8443" in injected_text
+    assert retrieval["why"] == "an old message matches it better than the window"
+
+
 def indexed_then_asked(
     gateway: Gateway, upstream: Upstream, history: list[dict[str, Any]], question: str
 ) -> tuple[str, dict[str, Any]]:

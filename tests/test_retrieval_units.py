@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from gateway.adapters.keyword_rank import ViewRanker
 from gateway.pipeline.call import HistoryItem
 from gateway.pipeline.context.question import topic
 from gateway.pipeline.context.ranking import RARE_TERM, RRF_K, Candidate, boost, term_weights
@@ -22,6 +23,7 @@ from gateway.pipeline.context.retrieval_groups import (
     said_above,
 )
 from gateway.pipeline.context.retrieval_hop import HOP_SHARE, HOP_TERMS, capitalised_inside, follow, leads
+from gateway.pipeline.context.retrieval_window import OLD_COMPARED, old_outranks_window
 from gateway.pipeline.context.tail_lines import lines_of
 from gateway.records import IndexHit
 
@@ -77,6 +79,22 @@ def test_more_room_searches_deeper_up_to_a_bound() -> None:
     assert pool_size(120, 2_000) == pool_size(120, POOL_ROOM) == 120
     assert pool_size(120, POOL_ROOM * 3 // 2) == 180
     assert pool_size(120, 60_000) == round(120 * POOL_GROWTH)
+
+
+# retrieval_window.py
+
+
+def test_an_old_message_outranks_the_window_only_where_it_holds_more_of_the_question() -> None:
+    rank = ViewRanker()
+    window = ["I restarted tenant-admin after the deploy.", "Good, tenant-admin is healthy again."]
+    old = ["Lunch was fine.", "tenant-admin listens on port 8443."]
+    assert old_outranks_window(rank, "Which port does tenant-admin listen on?", window, old)
+    # The window says the port too: it answers the question, nothing old is needed.
+    said = [*window, "tenant-admin listens on port 8443."]
+    assert not old_outranks_window(rank, "Which port does tenant-admin listen on?", said, old)
+    # Only the first OLD_COMPARED old messages are compared; none at all is no reason to retrieve.
+    assert not old_outranks_window(rank, "Which port?", window, [*["Lunch."] * OLD_COMPARED, *old])
+    assert not old_outranks_window(rank, "Which port?", window, [])
 
 
 # retrieval_hop.py

@@ -39,6 +39,7 @@ from gateway.pipeline.context.retrieval_memo import MessageMemo
 from gateway.pipeline.context.retrieval_rank import Found, rank
 from gateway.pipeline.context.retrieval_search import index_backlog, search_both
 from gateway.pipeline.context.retrieval_unindexed import InHand, RankViews, in_hand
+from gateway.pipeline.context.retrieval_window import OLD_COMPARED, old_outranks_window
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.ports import Embedder, JobQueue, MessageStore, Similarity, VectorIndex
 from gateway.records import IndexBacklog, SearchQuery, SearchResult
@@ -131,10 +132,21 @@ class RetrievalSection:
         if max(found.best_similarity, other_best) >= self.similarity.tail:
             found.detail["why"] = "a close match"
             return self.config.allowance_tokens
+        if asks and self._old_outranks_window(found, _question(build.current), window):
+            found.detail["why"] = "an old message matches it better than the window"
+            return self.config.allowance_tokens
         found.detail["skipped"] = (
             "no close match" if found.matched_terms == old_only else "terms in the window"
         )
         return 0
+
+    def _old_outranks_window(self, found: Found, question: str, window: list[str]) -> bool:
+        """Whether an old message holds more of the question's words than the window does (keyword
+        ranking of both; False without a ranker)."""
+        if self.rank_views is None:
+            return False
+        old = [self._lowered(found.path[found.positions[c.node_id]]) for c in found.on_path[:OLD_COMPARED]]
+        return old_outranks_window(self.rank_views, question, window, old)
 
     async def _find(self, build: BuildInput) -> Found:
         state = build.call.state
