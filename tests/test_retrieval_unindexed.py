@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from gateway.adapters.keyword_rank import ViewRanker
 from gateway.pipeline.call import HistoryItem
 from gateway.pipeline.context.retrieval_unindexed import (
+    DEPTH,
     MAX_MESSAGES,
     UNSEARCHABLE_SLACK,
     InHand,
@@ -41,3 +42,13 @@ def test_a_thin_clients_stretch_is_ranked_in_hand_and_the_index_keeps_what_is_ol
     assert hits[0].node_id == "n11" and not hits[0].dated and hits[0].depth == 11
     assert hits[-1] == indexed[0]
     assert indexed[1] not in hits
+
+
+def test_it_returns_as_many_hits_as_the_indexs_two_rankings_would() -> None:
+    """The only ranking while the index lacks the history: `DEPTH` times the query's limit, so a loose
+    follow-up that names only the topic is still a candidate."""
+    texts = [f"note {i} on the queue migration" for i in range(40)]
+    path = [HistoryItem({"role": "user", "content": t}, 3, f"n{i}") for i, t in enumerate(texts)]
+    hand = InHand(ViewRanker(), path, len(path), 0, "c1", NOW)
+    result = asyncio.run(hand.search(SearchQuery("acme", "the queue migration?", None, 10, "c1")))
+    assert len(result.keyword) == DEPTH * 10 and not result.semantic

@@ -25,6 +25,10 @@ RankViews = Callable[[str, Sequence[str], int], list[tuple[int, str, float]]]
 UNSEARCHABLE_SLACK = 16
 # The most messages ranked in hand: ~12 ms of CPU per 700 on the request path, so ~90 ms at this bound.
 MAX_MESSAGES = 5_000
+# Hits per `limit`: the only ranking while the index lacks the history, so as many as the index's two
+# (by meaning and by keyword) give together; at `limit` alone a loose follow-up naming only the topic
+# ("shipments 的换 UUID 的事还有一点") was never a candidate (BENCHMARKS.md, issue 28).
+DEPTH = 2
 
 
 def in_hand(backlog: IndexBacklog | None, appended: int, path_length: int) -> bool:
@@ -65,7 +69,7 @@ class InHand:
 
     def _hits(self, question: str, limit: int) -> list[IndexHit]:
         hits: list[IndexHit] = []
-        for at, view, score in self.rank(question, self.texts, limit):
+        for at, view, score in self.rank(question, self.texts, limit * DEPTH):
             node_id = self.path[at].node_id
             if node_id is not None:
                 hit = IndexHit(
