@@ -14,8 +14,9 @@ process, on a fake upstream. Per round:
      and with its neighbours' views (those the server reports; before that split, by meaning is all).
 Prints both latency rows (p50, p99) and their ratio, the three times, and the server's resident memory
 before the history and at its peak (VmHWM: the bulk import's); `--before CHECKOUT` runs the same from
-another checkout in the same session, alternating, and `--preload LIB` this tree again with LIB
-preloaded (jemalloc: `/usr/lib/x86_64-linux-gnu/libjemalloc.so.2`).
+another checkout in the same session, alternating, `--preload LIB` this tree again with LIB
+preloaded (jemalloc: `/usr/lib/x86_64-linux-gnu/libjemalloc.so.2`), and `--env KEY=VALUE` this tree
+again with that variable set.
 """
 
 from __future__ import annotations
@@ -143,6 +144,9 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="another checkout, run alternately")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--preload", help="a library for LD_PRELOAD: this tree again with it, alternately")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="this tree again with these set"
+    )
     args = parser.parse_args()
     turns = history(args.data, args.messages)
     if turns[-1]["role"] == "assistant":
@@ -152,6 +156,8 @@ def main() -> None:
         checkouts.append(("before", args.before, None))
     if args.preload:
         checkouts.append((f"preloaded {Path(args.preload).name}", ROOT, {"LD_PRELOAD": args.preload}))
+    if args.env:
+        checkouts.append((" ".join(args.env), ROOT, dict(pair.split("=", 1) for pair in args.env)))
     print(f"{len(turns)} messages from {args.data.name}; the other chat at {args.rate}/s")
     for round_ in range(args.rounds):
         for name, checkout, env in checkouts:
