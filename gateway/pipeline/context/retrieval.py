@@ -104,7 +104,8 @@ class RetrievalSection:
         facts = found.facts
         fair = self.similarity.fair
         # What goes in the tail is uncached on every turn it appears (design.md section 14): only for a
-        # question about the past, one naming a term that only old messages hold, or a close match.
+        # question about the past, one naming a term that only old messages hold, a close match, or a
+        # question an old message matches better by keyword than the window does.
         window = [self._lowered(item) for item in build.window]
         old_only = [t for t in found.matched_terms if not any(contains_term(text, t) for text in window)]
         # A statement in the past tense is no recall.
