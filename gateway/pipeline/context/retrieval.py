@@ -133,7 +133,7 @@ class RetrievalSection:
         if max(found.best_similarity, other_best) >= self.similarity.tail:
             found.detail["why"] = "a close match"
             return self.config.allowance_tokens
-        if asks and self._old_outranks_window(found, _question(build.current), window):
+        if asks and await self._old_outranks_window(found, _question(build.current), window):
             found.detail["why"] = "an old message matches it better than the window"
             return self.config.allowance_tokens
         found.detail["skipped"] = (
@@ -141,13 +141,15 @@ class RetrievalSection:
         )
         return 0
 
-    def _old_outranks_window(self, found: Found, question: str, window: list[str]) -> bool:
+    async def _old_outranks_window(self, found: Found, question: str, window: list[str]) -> bool:
         """Whether an old message holds more of the question's words than the window does (keyword
-        ranking of both; False without a ranker)."""
+        ranking of both, on a worker thread as the ranking in hand: a window of long tool results is
+        thousands of words; False without a ranker)."""
         if self.rank_views is None:
             return False
         old = [self._lowered(found.path[found.positions[c.node_id]]) for c in found.on_path[:OLD_COMPARED]]
-        return old_outranks_window(self.rank_views, question, window, old)
+        ranked = partial(old_outranks_window, self.rank_views, question, window, old)
+        return await anyio.to_thread.run_sync(ranked)
 
     async def _find(self, build: BuildInput) -> Found:
         state = build.call.state
