@@ -3,8 +3,8 @@ question does not ("nightly-export runs on etl-07" for "where does nightly-expor
 too, and what holds them ranks at HOP_SHARE of the match that named them, less further down the keyword
 ranking of the messages alone. With the question's exact terms, leads are read beside them in any of the
 HOP_POOL best matches that state them, a short statement's first; without, anywhere in the HOP_FROM best.
-A find that also says what was asked confirms its source. `leads` and `follow` are pure; `second_hop`
-adds the one keyword search between them."""
+A find that also says what was asked goes first among the finds and confirms its source. `leads` and
+`follow` are pure; `second_hop` adds the one keyword search between them."""
 
 from __future__ import annotations
 
@@ -204,11 +204,12 @@ def follow(
 ) -> None:
     """Rank the second search's keyword `hits` that hold a lead into `ranked` (re-sorted), below the
     match that named them; a hit new to the ranking joins it. A hit that also says what was `asked`
-    (the question's topic words, its terms) confirms the link: its source gains as much as it does."""
+    (the question's topic words, its terms) ranks before those that do not and confirms the link: its
+    source gains as much as it does."""
     by_node = {c.node_id: c for c in ranked}
     words, terms = asked
     confirmed: set[str] = set()
-    rank = 0  # among the hits that hold a lead
+    finds: list[tuple[IndexHit, list[Candidate], bool]] = []
     for hit in hits:
         # A message alone: a view with neighbours ranks a run of messages that all name the lead above the
         # one statement that says what the lead is ("etl-07 sits in the eu-west-1 rack").
@@ -220,14 +221,19 @@ def follow(
         sources_of = [s for t, s in named.items() if _holds(text, t) and s.node_id != hit.node_id]
         if not sources_of:
             continue  # matched a piece of a term only ("etl" of "etl-07")
+        says = bool(shared_words(text, words) or any(contains_term(text, t) for t in terms))
+        finds.append((hit, sources_of, says))
+    # The finds that say what was asked first: a lead named all over the path ("fx-rates") put its one
+    # linking statement ("fx-rates 的源码在 git/ledger") tenth among its finds, at a tenth of the share.
+    finds.sort(key=lambda find: not find[2])  # stable: keyword order within each kind
+    for rank, (hit, sources_of, says) in enumerate(finds):
         candidate = by_node.get(hit.node_id)
         if candidate is None:
             candidate = by_node[hit.node_id] = Candidate(hit.node_id, created_at=hit.created_at)
             ranked.append(candidate)
         share = HOP_SHARE * max(s.score for s in sources_of) / (1 + rank)
         candidate.score += share
-        rank += 1
-        if shared_words(text, words) or any(contains_term(text, t) for t in terms):
+        if says:
             for source in sources_of:  # once each, for its best confirming find
                 if source.node_id not in confirmed:
                     confirmed.add(source.node_id)
