@@ -340,3 +340,15 @@ def test_groups_are_shown_oldest_first_one_date_line_a_day_and_an_ellipsis_betwe
 
 def test_nothing_to_show_is_no_text() -> None:
     assert compose([], [], lambda line, node_id: 1, len) == (None, 0)
+
+
+def test_leads_reach_a_link_stated_below_many_messages_that_name_the_question_term() -> None:
+    """A service said in every other turn: the one statement of where it writes ranked 12th among the
+    messages naming it, and is still read for the lead."""
+    chatter = [f"recon-batch restarted at 10:{minute:02d}, all green" for minute in range(11)]
+    path = path_of(*chatter, "recon-batch keeps all its state in pg-tenants.", "Disk on pg-tenants hit 90%")
+    texts = lowered_texts(path)
+    ranked = [Candidate(f"n{i}", 1.0 - i / 100, views=["m"]) for i in range(12)]
+    asked = "how full was the disk of the database recon-batch writes to?"
+    named = leads(asked, ["recon-batch"], ranked, path, positions_of(path), texts)
+    assert named.keys() == {"pg-tenants"} and named["pg-tenants"].node_id == "n11"

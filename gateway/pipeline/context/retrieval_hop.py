@@ -30,7 +30,9 @@ from gateway.text import CJK, message_text
 HOP_FROM = 2
 # The best matches a source is chosen from: the one that shares most of the question's topic words goes
 # first ("tally-api writes to pg-ledger-2" for "how full is the disk of the database tally-api writes to?").
-HOP_POOL = 8
+# 16, not 8: the short statement of the link ranked ~15th among the messages holding a name said in many
+# (24 and 32 gave the same; BENCHMARKS.md, session 28).
+HOP_POOL = 16
 HOP_LIMIT = 40  # views: about a third are messages alone
 OWN_VIEW = "m"  # records.IndexRow: the message alone
 HOP_SHARE = 0.8
