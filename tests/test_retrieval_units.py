@@ -4,6 +4,7 @@ hop's leads and how its hits rank (retrieval_hop.py), groups (retrieval_groups.p
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,10 +23,17 @@ from gateway.pipeline.context.retrieval_groups import (
     other_group,
     said_above,
 )
-from gateway.pipeline.context.retrieval_hop import HOP_SHARE, HOP_TERMS, capitalised_inside, follow, leads
+from gateway.pipeline.context.retrieval_hop import (
+    HOP_SHARE,
+    HOP_TERMS,
+    capitalised_inside,
+    follow,
+    leads,
+    second_hop,
+)
 from gateway.pipeline.context.retrieval_window import OLD_COMPARED, old_outranks_window
 from gateway.pipeline.context.tail_lines import lines_of
-from gateway.records import IndexHit
+from gateway.records import IndexHit, SearchQuery, SearchResult
 
 DAY = datetime(2024, 5, 8, 13, 56, tzinfo=UTC)
 
@@ -352,3 +360,57 @@ def test_leads_reach_a_link_stated_below_many_messages_that_name_the_question_te
     asked = "how full was the disk of the database recon-batch writes to?"
     named = leads(asked, ["recon-batch"], ranked, path, positions_of(path), texts)
     assert named.keys() == {"pg-tenants"} and named["pg-tenants"].node_id == "n11"
+
+
+def test_a_word_capitalised_where_a_sentence_starts_does_not_halve_the_link_beside_it() -> None:
+    """ "Confirmed that webhook-relay's consumer group reads doc.jobs." names one link: "Confirmed" is no
+    name, so doc.jobs weighs as much as any single lead and, its source sharing the question's topic,
+    goes first."""
+    path = path_of(
+        *(f"webhook-relay moved to node-{i}a" for i in range(HOP_TERMS)),
+        "Confirmed that webhook-relay's consumer group reads doc.jobs.",
+        "confirmed, thanks",
+    )
+    texts = lowered_texts(path)
+    ranked = [Candidate(f"n{i}", 1.0 - i / 100, views=["m"]) for i in range(HOP_TERMS + 1)]
+    asked = "how many partitions does the topic webhook-relay consumes from have?"
+    named = leads(asked, ["webhook-relay"], ranked, path, positions_of(path), texts)
+    assert next(iter(named)) == "doc.jobs" and "confirmed" not in named
+
+
+class RecordingSearch:
+    """A keyword index holding each lead's hits (the hop's port, `KeywordSearch`), recording its queries."""
+
+    def __init__(self, hits: dict[str, list[IndexHit]]) -> None:
+        self.hits, self.queries = hits, list[str]()
+
+    async def search(self, query: SearchQuery) -> SearchResult:
+        self.queries.append(query.text)
+        return SearchResult([], self.hits.get(query.text, [])[: query.limit])
+
+
+def test_each_lead_is_searched_alone_so_a_common_one_does_not_crowd_out_the_others() -> None:
+    path = path_of(
+        "price-cache consumes from email-outbound, deployed in us-west-2.",
+        *(f"us-west-2 check {i} ok" for i in range(60)),
+        "email-outbound has 8 partitions, which caps consumers at 8.",
+    )
+    positions = positions_of(path)
+    texts = lowered_texts(path)
+    ranked = [Candidate("n0", 1.0, views=["m"])]
+    answer = f"n{len(path) - 1}"
+    index = RecordingSearch(
+        {
+            "email-outbound": [IndexHit(answer, "c", "m", len(path) - 1, DAY, 1.0)],
+            "us-west-2": [IndexHit(f"n{i}", "c", "m", i, DAY, 1.0) for i in range(1, 61)],
+        }
+    )
+    query = SearchQuery(
+        "acme", "How many partitions does the topic price-cache consumes from have?", None, 40, "c"
+    )
+    searched = asyncio.run(
+        second_hop(index, query, ["price-cache"], {}, ranked, path, positions, set(), texts)
+    )
+    assert sorted(index.queries) == sorted(searched) == ["email-outbound", "us-west-2"]
+    # The statement that says "partitions" ranks first among the finds, right below its source.
+    assert [c.node_id for c in ranked[:2]] == ["n0", answer]

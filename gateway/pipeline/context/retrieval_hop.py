@@ -4,14 +4,17 @@ too, and what holds them ranks at HOP_SHARE of the match that named them, less f
 ranking of the messages alone. With the question's exact terms, leads are read beside them in any of the
 HOP_POOL best matches that state them, a short statement's first; without, anywhere in the HOP_FROM best.
 A find that also says what was asked goes first among the finds and confirms its source. `leads` and
-`follow` are pure; `second_hop` adds the one keyword search between them."""
+`follow` are pure; `second_hop` adds the keyword searches between them, one per lead."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import replace
 from datetime import datetime
 from typing import Protocol
+
+import anyio
 
 from gateway.errors import StoreError
 from gateway.pipeline.call import HistoryItem
@@ -65,19 +68,34 @@ async def second_hop(
     recent: set[str | None],
     texts: dict[str, str],
 ) -> list[str]:
-    """One more keyword search, for the leads the best matches name; re-sorts `ranked` and adds the
+    """A keyword search for each lead the best matches name (together); re-sorts `ranked` and adds the
     dates of what it finds to `dates`. Returns the terms searched."""
     named = leads(query.text.lower(), matched_terms, ranked, path, positions, texts)
     if not named:
         return []
     # The leads alone: with the question's words too, its feature words outranked the short statement
     # that answers it ("发票合并是 Ravi 的活"; design-zh -1.0 at 8,000 tokens, BENCHMARKS.md).
-    try:
-        result = await index.search(replace(query, text=" ".join(named), vector=None, limit=HOP_LIMIT))
-    except StoreError:
+    # One search per lead, their hits interleaved: in one query of four leads, messages naming the common
+    # ones ("us-west-2", "p99") filled its HOP_LIMIT before "doc.jobs has 12 partitions" (BENCHMARKS.md).
+    found: list[list[IndexHit]] = [[] for _ in named]
+    failed: list[StoreError] = []
+
+    async def search(slot: int, lead: str) -> None:
+        try:
+            result = await index.search(replace(query, text=lead, vector=None, limit=HOP_LIMIT))
+        except StoreError as exc:  # kept: a task group would wrap it in an ExceptionGroup
+            failed.append(exc)
+        else:
+            found[slot] = result.keyword
+
+    async with anyio.create_task_group() as group:
+        for slot, lead in enumerate(named):
+            group.start_soon(search, slot, lead)
+    if failed:
         return []  # the first hop's ranking stands
+    hits = [hit for row in itertools.zip_longest(*found) for hit in row if hit is not None]
     asked = topic(query.text, tuple(matched_terms)), tuple(matched_terms)
-    follow(result.keyword, named, ranked, path, positions, recent, texts, dates, asked)
+    follow(hits, named, ranked, path, positions, recent, texts, dates, asked)
     return list(named)
 
 
@@ -105,9 +123,7 @@ def leads(
     names: set[str] = set()
     phrases: dict[str, Candidate] = {}
     whole: list[str] = []  # every message's text, read once, on first need
-    # (weight, order, term, source): a statement naming one thing beside the question's term is a link;
-    # a line naming six (a DDL's columns, a log's fields) spreads its weight over them.
-    weighed: list[tuple[float, int, str, Candidate]] = []
+    said_by: list[tuple[int, Candidate, list[str]]] = []  # (order, source, its terms)
 
     def path_texts() -> list[str]:
         if not whole:
@@ -122,20 +138,26 @@ def leads(
         # Said all over the conversation (a speaker's name, a word like "keep-alive"): no lead, unless
         # an identifier said beside the question's own term (a service named everywhere is still a link).
         here = [t for t in here if (matched_terms and t not in its_names) or _count(t, texts) <= HOP_COMMON]
-        weighed += [(1 / len(here), order, t, source) for t in here]
+        said_by.append((order, source, here))
         if order < HOP_FROM and _CJK_STRETCH.search(said):  # each is counted over the whole path
             phrases |= {p: source for p in cjk_phrases(said.lower(), asked, path_texts()) if p not in phrases}
+    unnamed: set[str] = set()
+    if candidates := names & {t for _, _, here in said_by for t in here}:
+        # A capitalised word the path also says in lower case, or capitalises only where a sentence or
+        # line starts ("Thinking about it", "Pulled the logs"), is no name: dropped before the weighing,
+        # or "Confirmed that webhook-relay's consumer group reads doc.jobs." halves doc.jobs' weight.
+        everything = "\n".join(path_texts())
+        unnamed = {
+            t for t in candidates if contains_term(everything, t) or not capitalised_inside(everything, t)
+        }
+    # (weight, order, term, source): a statement naming one thing beside the question's term is a link;
+    # a line naming six (a DDL's columns, a log's fields) spreads its weight over them.
+    weighed: list[tuple[float, int, str, Candidate]] = []
+    for order, source, here in said_by:
+        here = [t for t in here if t not in unnamed]
+        weighed += [(1 / len(here), order, t, source) for t in here]
     for _, _, term, source in sorted(weighed, key=lambda w: (-w[0], w[1])):
         named.setdefault(term, source)
-    if names & named.keys():
-        # A capitalised word the path also says in lower case, or capitalises only where a sentence or
-        # line starts ("Thinking about it", "Pulled the logs"), is no name.
-        everything = "\n".join(path_texts())
-        named = {
-            t: c
-            for t, c in named.items()
-            if t not in names or (not contains_term(everything, t) and capitalised_inside(everything, t))
-        }
     ordered = {t: named[t] for t in sorted(named, key=names.__contains__)}
     return dict(list({**ordered, **phrases}.items())[:HOP_TERMS])
 
