@@ -126,3 +126,15 @@ def test_views_of_a_history_in_hand_rank_as_the_index_will_once_it_writes_them()
     best = ViewRanker()("When did the export run?", texts, 2)
     every = ViewRanker()("When did the export run?", texts, 100)
     assert [hit[2] for hit in best] == [hit[2] for hit in every[:2]]  # the best two (ties in any order)
+
+
+def test_the_ranking_in_hand_follows_each_call_s_own_texts_though_it_keeps_their_terms() -> None:
+    """Terms are kept per text, not per position: a history whose messages moved or changed ranks by what
+    it holds now, and a term counted twice in a message still weighs twice."""
+    rank = ViewRanker()
+    first = rank("pg-main disk", ["pg-main disk at 91%", "deploy done", "tea"], 10)
+    assert first[0][:2] == (0, "m")
+    again = rank("pg-main disk", ["tea", "deploy done", "pg-main disk at 91%"], 10)
+    assert again[0][:2] == (2, "m")
+    twice = rank("disk", ["disk disk full", "disk full now", "tea"], 10)
+    assert twice[0][:2] == (0, "m") and twice[0][2] > next(s for i, v, s in twice if (i, v) == (1, "m"))

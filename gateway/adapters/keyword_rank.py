@@ -26,8 +26,10 @@ import math
 import re
 import threading
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +39,8 @@ from gateway.records import message_views
 from gateway.text import cjk_bigrams
 
 K1 = 1.2
+# Texts whose terms `ViewRanker` keeps (a long history in hand is ~2,500 messages; a few MB at most).
+ANALYSED_TEXTS = 4_096
 B = 0.75
 MAX_TOKEN_CHARS = 80  # the table's index drops longer tokens (its `max_token_length`)
 # The question's first distinct words searched, here and in the table (a pasted log: 3,000 terms took ~7 ms
@@ -70,6 +74,7 @@ _TERM_CACHE = 200_000  # distinct raw tokens whose term is remembered (then forg
 Ints = npt.NDArray[np.int32]
 Floats = npt.NDArray[np.float32]
 Terms = tuple[list[str], list[int]]  # a text's terms and their positions
+Analysed = tuple[list[str], list[int], "Counter[str]"]  # and how often each is said
 
 
 @dataclass(slots=True)
@@ -260,6 +265,16 @@ class ViewRanker:
     more); a phrase must stand within one message."""
 
     analyzer: Analyzer = field(default_factory=Analyzer)
+    # Each text's terms, made once: a history in hand is ranked for its question and each of the second
+    # hop's leads, and again for the next question while the index still lacks it.
+    _analysed: Callable[[str], Analysed] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._analysed = lru_cache(maxsize=ANALYSED_TEXTS)(self._analyse)
+
+    def _analyse(self, text: str) -> Analysed:
+        words, at = self.analyzer.terms(cjk_bigrams(text))
+        return words, at, Counter(words)
 
     def __call__(self, question: str, texts: Sequence[str], limit: int) -> list[tuple[int, str, float]]:
         """(index of the message in `texts`, view, score) for the best `limit` rows, best first; an empty
@@ -277,12 +292,10 @@ class ViewRanker:
         for i, text in enumerate(texts):
             if not text:
                 continue
-            words, at = self.analyzer.terms(cjk_bigrams(text))
+            words, at, held = self._analysed(text)
             lengths[i] = len(words)
-            for word in words:
-                j = columns.get(word)
-                if j is not None:
-                    counts[i, j] += 1
+            for word, j in columns.items():  # the question's few terms, not the text's many
+                counts[i, j] = held.get(word, 0)
             for k, (phrase, offsets) in enumerate(query.phrases):
                 phrased[i, k] = _holds(words, at, phrase, offsets)
         members, owners = _views(texts)
