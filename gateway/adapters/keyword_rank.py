@@ -39,9 +39,9 @@ from gateway.records import message_views
 from gateway.text import cjk_bigrams
 
 K1 = 1.2
+B = 0.75
 # Texts whose terms `ViewRanker` keeps (a long history in hand is ~2,500 messages; a few MB at most).
 ANALYSED_TEXTS = 4_096
-B = 0.75
 MAX_TOKEN_CHARS = 80  # the table's index drops longer tokens (its `max_token_length`)
 # The question's first distinct words searched, here and in the table (a pasted log: 3,000 terms took ~7 ms
 # there).

@@ -93,6 +93,7 @@ async def second_hop(
             group.start_soon(search, slot, lead)
     if failed:
         return []  # the first hop's ranking stands
+    # A find holding two leads comes once per lead and ranks for each, as the one query's scores summed.
     hits = [hit for row in itertools.zip_longest(*found) for hit in row if hit is not None]
     asked = topic(query.text, tuple(matched_terms)), tuple(matched_terms)
     follow(hits, named, ranked, path, positions, recent, texts, dates, asked)
