@@ -9,7 +9,7 @@ from gateway.ports import JSONObject
 # Scripts written without spaces between words (Chinese, Japanese) or with particles glued to words
 # (Korean), as a regex character-class body.
 CJK = "\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_CJK_RUN = re.compile(f"[{CJK}]{{2,}}")
+_CJK_RUN = re.compile(f"[{CJK}]+")
 
 
 _CJK_CHAR = re.compile(f"[{CJK}]")
@@ -25,10 +25,13 @@ def mostly_cjk(text: str) -> bool:
 
 def cjk_bigrams(text: str) -> str:
     """`text` with every run of CJK characters spelled as its overlapping character bigrams, the classic
-    unit for indexing text without spaces ("端口改成" -> "端口 口改 改成"); other text unchanged."""
+    unit for indexing text without spaces ("端口改成" -> "端口 口改 改成"), a lone character as itself;
+    each set apart by spaces, so a name written against it ("对search-edge") stays a word of its own."""
 
     def bigrams(match: re.Match[str]) -> str:
         run = match.group(0)
+        if len(run) == 1:
+            return f" {run} "
         return " " + " ".join(run[i : i + 2] for i in range(len(run) - 1)) + " "
 
     return _CJK_RUN.sub(bigrams, text)

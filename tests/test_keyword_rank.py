@@ -77,6 +77,12 @@ def test_chinese_runs_are_matched_by_bigrams() -> None:
     assert ranked([cjk_bigrams(t) for t in texts], "连接池") == [1]
 
 
+def test_a_name_written_against_a_chinese_character_is_still_its_own_word() -> None:
+    texts = ["Wang Fang 对search-edge 的夜间单副本又提了一个担心", "夜里 price-cache 只跑一个副本"]
+    assert cjk_bigrams("对search-edge 的") == " 对 search-edge  的 "
+    assert ranked([cjk_bigrams(t) for t in texts], "search") == [0]
+
+
 def test_postings_never_change_once_built() -> None:
     analyzer = Analyzer()
     first = Postings().extended([analyzer.terms("kafka broker")])
