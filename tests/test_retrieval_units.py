@@ -12,7 +12,7 @@ import pytest
 from gateway.adapters.keyword_rank import ViewRanker
 from gateway.pipeline.call import HistoryItem
 from gateway.pipeline.context.question import topic
-from gateway.pipeline.context.ranking import RARE_TERM, RRF_K, Candidate, boost, term_weights
+from gateway.pipeline.context.ranking import RARE_TERM, RRF_K, Candidate, boost, fuse, term_weights
 from gateway.pipeline.context.retrieval import POOL_GROWTH, POOL_ROOM, pool_size
 from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
 from gateway.pipeline.context.retrieval_groups import (
@@ -80,6 +80,19 @@ def test_boost_adds_terms_and_recency_then_sorts_best_first() -> None:
     assert [c.node_id for c in ranked] == ["n0", "n2", "n1"]
     assert ranked[0].score == pytest.approx(0.6)
     assert ranked[1].score == pytest.approx(0.1 + 1.0 / RRF_K * 2 / 3)
+
+
+def test_by_keyword_a_message_counts_once_at_its_best_view_by_meaning_every_view_counts() -> None:
+    def hit(node_id: str, view: str) -> IndexHit:
+        return IndexHit(node_id, "c", view, 0, DAY, 1.0)
+
+    # n0 asked the question in passing: its views and its neighbour's all hold its words.
+    keyword = [hit("n0", "m"), hit("n0", "p"), hit("n1", "w"), hit("n0", "w"), hit("n2", "m")]
+    semantic = [hit("n2", "m"), hit("n2", "p")]
+    scores = {c.node_id: c.score for c in fuse(SearchResult(semantic, keyword))}
+    assert scores["n0"] == pytest.approx(1 / RRF_K)
+    assert scores["n1"] == pytest.approx(1 / (RRF_K + 1))
+    assert scores["n2"] == pytest.approx(1 / (RRF_K + 2) + 1 / RRF_K + 1 / (RRF_K + 1))
 
 
 def test_more_room_searches_deeper_up_to_a_bound() -> None:

@@ -30,7 +30,8 @@ class Candidate:
 
 
 def fuse(result: SearchResult, semantic_weight: float = 1.0) -> list[Candidate]:
-    """Reciprocal-rank fusion over both rankings, every view of a message adding to its score."""
+    """Reciprocal-rank fusion over both rankings: every view of a message adds to its score by meaning,
+    its best view alone by keyword (`best_views`)."""
     by_node: dict[str, Candidate] = {}
 
     def add(hits: list[IndexHit], weight: float = 1.0) -> None:
@@ -45,8 +46,21 @@ def fuse(result: SearchResult, semantic_weight: float = 1.0) -> list[Candidate]:
             candidate.views.append(hit.view)
 
     add(result.semantic, semantic_weight)
-    add(result.keyword)
+    add(best_views(result.keyword))
     return sorted(by_node.values(), key=lambda c: c.score, reverse=True)
+
+
+def best_views(hits: list[IndexHit]) -> list[IndexHit]:
+    """Each message's first hit only, ranked among messages. By keyword a message's views and its
+    neighbours' repeat the same words: an earlier message that asked the question in passing took five
+    places above the short answer naming the same two words (BENCHMARKS.md, session 29)."""
+    seen: set[str] = set()
+    out: list[IndexHit] = []
+    for hit in hits:
+        if hit.node_id not in seen:
+            seen.add(hit.node_id)
+            out.append(hit)
+    return out
 
 
 def smoothed(
