@@ -85,3 +85,36 @@ def test_nothing_moves_without_a_topic_or_a_decision() -> None:
     assert promote_decisions(ranked, frozenset({"depl"}), (), path, set(), lowered) == []
     assert promote_decisions(ranked, frozenset(), (), path, set(), lowered) == []
     assert [(c.node_id, c.score) for c in ranked] == [("n1", 0.4)]
+
+
+def test_a_decision_naming_another_service_goes_after_a_loose_one() -> None:
+    """The newest decision on the topic is another service's; the loose one before it ("the deploy
+    thing") is this one's, as far as words tell, and a channel it routes to names no service."""
+    path = path_of(
+        [
+            "Proposal for webhook-relay: a blue-green deploy strategy.",  # n0
+            "Summary of where the deploy thing landed: a canary at 25%, posted to #ops-alerts.",  # n1
+            "Decided: otp-sender's deploy strategy is rolling, maxSurge 1.",  # n2: another service's
+            "Unrelated chatter about lunch.",  # n3
+        ]
+    )
+    question = "What is the current deploy strategy for webhook-relay?"
+    terms = exact_terms(question)
+    ranked: list[Candidate] = []
+    promoted = promote_decisions(ranked, topic(question, terms), terms, path, set(), lowered)
+    assert promoted == ["n1", "n2"]
+
+
+def test_chinese_decisions_said_as_settled_at_last_or_agreed() -> None:
+    path = path_of(
+        [
+            "好，积压的问题最后定的是按租户拆 topic，这次是真的。",  # n0
+            "积压那件事，我和 Ines 商量好了，先加两个消费者，就这么上线。",  # n1
+            "积压又涨了，大家怎么看？",  # n2: no decision
+        ]
+    )
+    question = "search-edge 现在的积压的解决办法是什么？"
+    terms = exact_terms(question)
+    ranked: list[Candidate] = []
+    promoted = promote_decisions(ranked, topic(question, terms), terms, path, set(), lowered)
+    assert promoted == ["n1", "n0"]

@@ -243,6 +243,12 @@ def capitalised_names(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def kebab_names(text: str) -> set[str]:
+    """The kebab-case names `text` holds ("ledger-api"), a channel's ("#ops-alerts") left out: a
+    decision's value, not what it is about."""
+    return {m.group(0) for m in _KEBAB.finditer(text) if not text.startswith("#", m.start() - 1)}
+
+
 def named_terms(text: str) -> tuple[str, ...]:
     """What a message names (lower-cased): its exact terms, then its capitalised names, the leads of a
     second search; values (numbers, times, dates) are no leads."""

@@ -7,7 +7,8 @@ window that read as a decision ("settled", "agreed", "final", "定了", "结论"
 with the question (its words other than the names it asks about and the asking itself) are found on
 the path, and `PROMOTED` of them go first: those naming what the question asks about, then those that
 share a person with one of these (the same decision settled by the one who asked for its revision), then
-the newest (BENCHMARKS.md, issue 28: revised questions).
+those that name no other service (the newest decision on a topic is often another service's), newest
+first within each (BENCHMARKS.md, issue 28: revised questions).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 from collections.abc import Callable
 
 from gateway.pipeline.call import HistoryItem
-from gateway.pipeline.context.question import capitalised_names, contains_term, shared_words
+from gateway.pipeline.context.question import capitalised_names, contains_term, kebab_names, shared_words
 from gateway.pipeline.context.ranking import Candidate
 from gateway.text import message_text
 
@@ -29,7 +30,8 @@ DECISIONS_SEEN = 24  # the newest decisions on the topic looked at (the window's
 _DECISION = re.compile(
     r"\b(?:decid(?:e|ed|ing)|decision|settled?|agreed?|final(?:ly)?|going with|go with|landed|approved?|"
     r"conclu(?:ded|sion)|chose|chosen|picked|switch(?:ed)? to|chang(?:e|ed) (?:it )?to|sign(?:ed)? off)\b|"
-    r"定了|定下|决定|決定|结论|結論|最终|最終|批了|批准|敲定|确定|確定|采用|採用|改成|改为|改為|选了|選了|"
+    r"定了|定下|最后定|最後定|决定|決定|结论|結論|最终|最終|批了|批准|敲定|拍板|商量好|商定|说好了|說好了|就这么定|"
+    r"就這麼定|确定|確定|采用|採用|改成|改为|改為|选了|選了|"
     r"결정|확정|합의"
 )
 
@@ -45,11 +47,13 @@ def promote_decisions(
     """Put PROMOTED decisions on `words` (outside `recent`) first in `ranked` (best first), adding them when
     no search found them; the ids promoted. Those that name what the question asks about (`names`, its
     exact terms) go first, then those that share a person with such a decision (a revision "after Sara's
-    review" settled by "Sara approved: ..."), then the rest, newest first within each."""
+    review" settled by "Sara approved: ..."), then those naming no other service, then the rest, newest
+    first within each."""
     if not words:
         return []
     decisions: list[tuple[int, HistoryItem]] = []
     naming: set[int] = set()  # those whose deciding sentence names what the question asks about
+    elsewhere: set[int] = set()  # those that name another service and not this one
     for at in range(len(path) - 1, -1, -1):
         item = path[at]
         if len(decisions) == DECISIONS_SEEN:
@@ -63,12 +67,16 @@ def promote_decisions(
             decisions.append((at, item))
             if any(contains_term(t, n) for t in decided for n in names):
                 naming.add(at)
+            elif any(kebab_names(t) - set(names) for t in decided):
+                elsewhere.add(at)
     people = {word for at, item in decisions if at in naming for word in _people(item)}
 
     def kind(at: int, item: HistoryItem) -> int:
         if at in naming:
+            return 3
+        if people & _people(item):
             return 2
-        return int(bool(people & _people(item)))
+        return int(at not in elsewhere)
 
     eligible = [(kind(at, item), at, item.node_id) for at, item in decisions if item.node_id not in recent]
     chosen = [str(node_id) for _, _, node_id in sorted(eligible, reverse=True)[:PROMOTED]]
