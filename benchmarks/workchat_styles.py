@@ -5,6 +5,7 @@ migrations, deploys, exact identifiers, decisions revised later, one English and
     python benchmarks/workchat_styles.py --style ops --lang en --seed 101 --out benchmarks/data/styles-ops-en.json
     python benchmarks/workchat_styles.py --style design --lang zh --seed 201 --out benchmarks/data/styles-design-zh.json
     python benchmarks/workchat_styles.py --style design --lang en --seed 301 --out benchmarks/data/styles-design-en.json
+    python benchmarks/workchat_styles.py --style ops --lang zh --seed 401 --out benchmarks/data/styles-ops-zh.json
     # locked sets: other seeds, the other style/language combinations; score them, do not read them
     python benchmarks/workchat_styles.py --style design --lang en --seed 9001 --out benchmarks/data/locked-design-en.json
     python benchmarks/workchat_styles.py --style ops --lang zh --seed 9002 --out benchmarks/data/locked-ops-zh.json
