@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from gateway.pipeline.call import HistoryItem
-from gateway.pipeline.context.question import exact_terms, topic
+from gateway.pipeline.context.question import exact_terms, kebab_names, topic
 from gateway.pipeline.context.ranking import Candidate
 from gateway.pipeline.context.retrieval_revision import promote_decisions
 
@@ -118,3 +118,7 @@ def test_chinese_decisions_said_as_settled_at_last_or_agreed() -> None:
     ranked: list[Candidate] = []
     promoted = promote_decisions(ranked, topic(question, terms), terms, path, set(), lowered)
     assert promoted == ["n1", "n0"]
+
+
+def test_kebab_names_leave_channels_out() -> None:
+    assert kebab_names("ledger-api posts to #ops-alerts, see the wiki#") == {"ledger-api"}

@@ -246,7 +246,7 @@ def capitalised_names(text: str) -> tuple[str, ...]:
 def kebab_names(text: str) -> set[str]:
     """The kebab-case names `text` holds ("ledger-api"), a channel's ("#ops-alerts") left out: a
     decision's value, not what it is about."""
-    return {m.group(0) for m in _KEBAB.finditer(text) if not text.startswith("#", m.start() - 1)}
+    return {m.group(0) for m in _KEBAB.finditer(text) if text[m.start() - 1 : m.start()] != "#"}
 
 
 def named_terms(text: str) -> tuple[str, ...]:
