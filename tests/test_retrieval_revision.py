@@ -25,6 +25,12 @@ def lowered(item: HistoryItem) -> str:
     return str(item.message["content"]).lower()
 
 
+def promoted_for(question: str, texts: list[str], recent: set[str | None]) -> list[str]:
+    """The decisions promoted for `question` over a path of `texts`, nothing ranked before."""
+    terms = exact_terms(question)
+    return promote_decisions([], topic(question, terms), terms, path_of(texts), recent, lowered)
+
+
 def test_the_newest_decisions_on_the_topic_go_first_even_when_no_search_found_them() -> None:
     path = path_of(
         [
@@ -64,19 +70,13 @@ def test_chinese_decisions_are_found_by_the_questions_bigrams() -> None:
 def test_a_loose_decision_is_tied_to_the_service_by_the_person_who_revised_it() -> None:
     """The newest loose decision is another service's; the one approved by Sara, who asked for this
     service's revision, goes before it."""
-    path = path_of(
-        [
-            "After Sara's review, the fx-rates versioning plan changed to dated versions.",  # n0
-            "Sara approved: the versioning discussion ends with an Accept-Version header.",  # n1
-            "Bogdan approved: otp-sender's versioning is final, dated versions.",  # n2
-            "Unrelated chatter about lunch.",  # n3
-        ]
-    )
-    question = "What is the final versioning plan for fx-rates?"
-    terms = exact_terms(question)
-    ranked: list[Candidate] = []
-    promoted = promote_decisions(ranked, topic(question, terms), terms, path, {"n3"}, lowered)
-    assert promoted == ["n0", "n1"]
+    texts = [
+        "After Sara's review, the fx-rates versioning plan changed to dated versions.",  # n0
+        "Sara approved: the versioning discussion ends with an Accept-Version header.",  # n1
+        "Bogdan approved: otp-sender's versioning is final, dated versions.",  # n2
+        "Unrelated chatter about lunch.",  # n3
+    ]
+    assert promoted_for("What is the final versioning plan for fx-rates?", texts, {"n3"}) == ["n0", "n1"]
 
 
 def test_nothing_moves_without_a_topic_or_a_decision() -> None:
@@ -90,34 +90,25 @@ def test_nothing_moves_without_a_topic_or_a_decision() -> None:
 def test_a_decision_naming_another_service_goes_after_a_loose_one() -> None:
     """The newest decision on the topic is another service's; the loose one before it ("the deploy
     thing") is this one's, as far as words tell, and a channel it routes to names no service."""
-    path = path_of(
-        [
-            "Proposal for webhook-relay: a blue-green deploy strategy.",  # n0
-            "Summary of where the deploy thing landed: a canary at 25%, posted to #ops-alerts.",  # n1
-            "Decided: otp-sender's deploy strategy is rolling, maxSurge 1.",  # n2: another service's
-            "Unrelated chatter about lunch.",  # n3
-        ]
-    )
-    question = "What is the current deploy strategy for webhook-relay?"
-    terms = exact_terms(question)
-    ranked: list[Candidate] = []
-    promoted = promote_decisions(ranked, topic(question, terms), terms, path, set(), lowered)
-    assert promoted == ["n1", "n2"]
+    texts = [
+        "Proposal for webhook-relay: a blue-green deploy strategy.",  # n0
+        "Summary of where the deploy thing landed: a canary at 25%, posted to #ops-alerts.",  # n1
+        "Decided: otp-sender's deploy strategy is rolling, maxSurge 1.",  # n2: another service's
+        "Unrelated chatter about lunch.",  # n3
+    ]
+    assert promoted_for("What is the current deploy strategy for webhook-relay?", texts, set()) == [
+        "n1",
+        "n2",
+    ]
 
 
 def test_chinese_decisions_said_as_settled_at_last_or_agreed() -> None:
-    path = path_of(
-        [
-            "好，积压的问题最后定的是按租户拆 topic，这次是真的。",  # n0
-            "积压那件事，我和 Ines 商量好了，先加两个消费者，就这么上线。",  # n1
-            "积压又涨了，大家怎么看？",  # n2: no decision
-        ]
-    )
-    question = "search-edge 现在的积压的解决办法是什么？"
-    terms = exact_terms(question)
-    ranked: list[Candidate] = []
-    promoted = promote_decisions(ranked, topic(question, terms), terms, path, set(), lowered)
-    assert promoted == ["n1", "n0"]
+    texts = [
+        "好，积压的问题最后定的是按租户拆 topic，这次是真的。",  # n0
+        "积压那件事，我和 Ines 商量好了，先加两个消费者，就这么上线。",  # n1
+        "积压又涨了，大家怎么看？",  # n2: no decision
+    ]
+    assert promoted_for("search-edge 现在的积压的解决办法是什么？", texts, set()) == ["n1", "n0"]
 
 
 def test_kebab_names_leave_channels_out() -> None:

@@ -54,13 +54,10 @@ def best_views(hits: list[IndexHit]) -> list[IndexHit]:
     """Each message's first hit only, ranked among messages. By keyword a message's views and its
     neighbours' repeat the same words: an earlier message that asked the question in passing took five
     places above the short answer naming the same two words (BENCHMARKS.md, session 29)."""
-    seen: set[str] = set()
-    out: list[IndexHit] = []
+    first: dict[str, IndexHit] = {}
     for hit in hits:
-        if hit.node_id not in seen:
-            seen.add(hit.node_id)
-            out.append(hit)
-    return out
+        first.setdefault(hit.node_id, hit)
+    return list(first.values())  # in the order first seen
 
 
 def smoothed(

@@ -54,6 +54,7 @@ def promote_decisions(
     decisions: list[tuple[int, HistoryItem]] = []
     naming: set[int] = set()  # those whose deciding sentence names what the question asks about
     elsewhere: set[int] = set()  # those that name another service and not this one
+    asked = set(names)
     for at in range(len(path) - 1, -1, -1):
         item = path[at]
         if len(decisions) == DECISIONS_SEEN:
@@ -67,7 +68,7 @@ def promote_decisions(
             decisions.append((at, item))
             if any(contains_term(t, n) for t in decided for n in names):
                 naming.add(at)
-            elif any(kebab_names(t) - set(names) for t in decided):
+            elif any(kebab_names(t) - asked for t in decided):
                 elsewhere.add(at)
     people = {word for at, item in decisions if at in naming for word in _people(item)}
 
