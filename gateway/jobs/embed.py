@@ -21,9 +21,11 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+import anyio.to_thread
+
 from gateway.config_sections import NeighbourVectors
 from gateway.errors import EmbeddingError
-from gateway.jobs.neighbour_vectors import composed
+from gateway.jobs.neighbour_vectors import composed_all
 from gateway.jobs.worker import JobObserver
 from gateway.ports import Embedder, JobQueue, MessageStore, VectorIndex
 from gateway.records import (
@@ -236,16 +238,16 @@ class EmbedHandler:
         if not members:
             return
         try:
-            vectors = dict(
-                zip(members, await target.embedder.embed([texts[j] for j in members]), strict=True)
-            )
+            vectors = await target.embedder.embed([texts[j] for j in members])
         except EmbeddingError:
             if work.mode == "all":
                 await target.index.add([r for r, _ in chosen])  # by keyword meanwhile; a retry embeds
             raise
-        await target.index.add(
-            [replace(r, vector=composed([vectors[j] for j in joined])) for r, joined in chosen]
-        )
+        at = {j: n for n, j in enumerate(members)}
+        joins = [[at[j] for j in joined] for _, joined in chosen]
+        # Off the event loop: the request path shares it (BENCHMARKS.md, issue 28).
+        views = await anyio.to_thread.run_sync(composed_all, vectors, joins)
+        await target.index.add([replace(r, vector=v) for (r, _), v in zip(chosen, views, strict=True)])
 
     async def _absorb(self, job: Job, work: EmbedWork) -> EmbedWork:
         """This job's work grown by the conversation's later exchanges still queued on the same branch,
@@ -312,7 +314,9 @@ class EmbedHandler:
         if found is None:
             return
         path, conversation_id, user_id = found
-        await target.index.add(index_rows(tenant, user_id, path, count))
+        # Thousands of rows: built off the event loop, which the request path shares.
+        rows = await anyio.to_thread.run_sync(index_rows, tenant, user_id, path, count)
+        await target.index.add(rows)
         if await self._deleted(tenant, target, conversation_id):
             return
         if work.count > count:

@@ -12,8 +12,11 @@ rest of the path from the store.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import ClassVar, TypeVar
+
+import anyio.to_thread
 
 from gateway.config import IdentityConfig
 from gateway.errors import ConversationDeleted
@@ -26,6 +29,8 @@ from gateway.records import AppendRequest, Conversation, NewMessage, StoredNode,
 from gateway.tracing import spanned
 
 _SYSTEM_ROLES = frozenset({"system", "developer"})
+_ON_LOOP = 64  # messages hashed or counted on the event loop; more go to a thread (a hop costs ~0.2 ms)
+_T = TypeVar("_T")
 TAIL = 32  # hashes asked about first: covers the usual "history + one new turn" in one query
 
 
@@ -124,8 +129,15 @@ class IngestStep:
             conversation_id = conversation_id or parent.conversation_id
 
         new = placed.new
-        appended = _new_messages(
-            new, hashes[len(hashes) - len(new) :], parent, placed.depth, placed.base_tokens, tokenizer
+        appended = await _sized(
+            len(new),
+            _new_messages,
+            new,
+            hashes[len(hashes) - len(new) :],
+            parent,
+            placed.depth,
+            placed.base_tokens,
+            tokenizer,
         )
         state.items += [HistoryItem(m.data, m.token_count, m.id) for m in appended]
         state.history_tokens += sum(m.token_count for m in appended)
@@ -153,7 +165,7 @@ class IngestStep:
             key, seen, shared = self._recall(root, chain, leading)
             hashes = list(seen.hashes[:shared]) if seen is not None else []
             start = bytes.fromhex(hashes[-1]) if hashes else root
-            hashes += [h.hex() for h in chain_hashes(start, chain[shared:], leading + shared)]
+            hashes += await _sized(len(chain) - shared, _hex_hashes, start, chain[shared:], leading + shared)
 
             tail = max(len(hashes) - TAIL, 0)
             lookup = await self.store.lookup(call.tenant, hashes[tail:], ident.conversation_id)
@@ -288,6 +300,17 @@ class IngestStep:
                 )
             )
         state.conversation_id = conversation_id
+
+
+async def _sized(count: int, work: Callable[..., _T], *args: object) -> _T:
+    """`work(*args)` over `count` messages: on the event loop, or past `_ON_LOOP` in a thread, since a
+    long history's hashing and counting held the loop other chats share for over 100 ms (BENCHMARKS.md,
+    issue 28)."""
+    return await anyio.to_thread.run_sync(work, *args) if count > _ON_LOOP else work(*args)
+
+
+def _hex_hashes(start: bytes, messages: list[JSONObject], first_index: int) -> list[str]:
+    return [h.hex() for h in chain_hashes(start, messages, first_index)]
 
 
 def _new_messages(
