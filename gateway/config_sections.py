@@ -78,6 +78,8 @@ class RetrievalConfig(_Frozen):
     # The allowance when the question asks about the past (or names a time): retrieval moves up.
     recall_allowance_tokens: int = Field(default=9_000, gt=0)
     neighbours: int = Field(default=1, ge=0)
+    # The best hits that come with their neighbours; the rest come alone, so more of them fit.
+    grouped_hits: int = Field(default=8, ge=0)
     # Hits per ranking where the history has 4,000 tokens of room; more room searches deeper (up to 2x).
     candidates: int = Field(default=120, ge=1)
     other_conversations: bool = False

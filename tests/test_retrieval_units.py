@@ -279,6 +279,31 @@ def test_a_tool_result_comes_with_its_call() -> None:
     assert [(g.start, g.end) for g in groups] == [(1, 2)]
 
 
+def test_past_the_best_grouped_hits_a_hit_comes_alone_and_a_tool_result_still_with_its_call() -> None:
+    path = path_of(*(f"message {i}" for i in range(20)))
+    ranked = [Candidate(f"n{i}", 1.0 / (i + 1)) for i in (3, 9, 15)]
+    groups = groups_of(path, positions_of(path), ranked, set(), 1_000, {}, 1, 1, 0, "", one_token, grouped=2)
+    assert [(g.start, g.end) for g in groups] == [(2, 4), (8, 10), (15, 15)]
+    every = groups_of(path, positions_of(path), ranked, set(), 1_000, {}, 1, 1, 0, "", one_token)
+    assert [(g.start, g.end) for g in every] == [(2, 4), (8, 10), (14, 16)]
+    tools = path_of("q", "call", "result", "answer", roles=("user", "assistant", "tool", "assistant"))
+    alone = groups_of(
+        tools,
+        positions_of(tools),
+        [Candidate("n2", 1.0)],
+        set(),
+        1_000,
+        {},
+        1,
+        1,
+        0,
+        "",
+        one_token,
+        grouped=0,
+    )
+    assert [(g.start, g.end) for g in alone] == [(1, 2)]
+
+
 def test_groups_never_overlap_and_the_allowance_is_kept() -> None:
     path = path_of(*(f"message {i}" for i in range(20)))
     ranked = [Candidate(f"n{i}", 1.0 / (i + 1)) for i in (4, 5, 12, 18)]

@@ -387,6 +387,7 @@ class RetrievalSection:
             used=build.tokenizer.count(HEADER),
             above="\n".join(build.above).lower(),
             line_tokens=partial(self._line_tokens, build),
+            grouped=self.config.grouped_hits,
         )
 
     def _lowered(self, item: HistoryItem) -> str:

@@ -43,11 +43,12 @@ def groups_of(
     used: int,
     above: str,
     line_tokens: Callable[[HistoryItem], int],
+    grouped: int | None = None,
 ) -> list[Group]:
     """Groups for the `ranked` hits, best first, within `allowance` tokens of which `used` are spent:
-    `before` and `after` messages either side of each hit, none of the positions in `recent`, none whose
-    identifiers `above` (the summary, lower case) already says. `line_tokens` counts a message's line
-    and the line break after it."""
+    `before` and `after` messages either side of each of the first `grouped` groups (all when None), the
+    later hits alone, none of the positions in `recent`, none whose identifiers `above` (the summary,
+    lower case) already says. `line_tokens` counts a message's line and the line break after it."""
     taken: set[int] = set(recent)
     groups: list[Group] = []
     days: set[date | None] = set()
@@ -60,7 +61,10 @@ def groups_of(
             continue
         if above and said_above(path[at].message, above):
             continue  # every identifier of it is in the summary verbatim: it adds nothing
-        start, end = tool_safe(path, max(at - before, 0), min(at + after, len(path) - 1))
+        # Past the best few, a hit comes alone: its neighbours cost twice its room and seldom hold what a
+        # lower-ranked hit was found for, while more hits do (BENCHMARKS.md, issue 28).
+        reach = (before, after) if grouped is None or len(groups) < grouped else (0, 0)
+        start, end = tool_safe(path, max(at - reach[0], 0), min(at + reach[1], len(path) - 1))
         span = [i for i in range(start, end + 1) if i not in taken]
         if not span:
             continue
