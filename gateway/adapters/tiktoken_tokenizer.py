@@ -98,6 +98,8 @@ class TiktokenTokenizer:
         self._encoding = encoding
         self._cache: OrderedDict[str, int] = OrderedDict()  # line -> tokens
         self._cached_chars = 0
+        # A long history is counted on a worker thread while the event loop counts other requests' lines.
+        self._cache_lock = threading.Lock()
 
     def cached_bytes(self) -> int:
         """What the line cache holds: its characters (a byte each in ASCII text) and each entry's cost."""
@@ -139,17 +141,20 @@ class TiktokenTokenizer:
     def _line(self, line: str) -> int:
         if len(line) < _CACHE_MIN_CHARS:
             return len(self._encoding.encode_ordinary(line))
-        cached = self._cache.get(line)
-        if cached is not None:
-            self._cache.move_to_end(line)
-            return cached
+        with self._cache_lock:
+            cached = self._cache.get(line)
+            if cached is not None:
+                self._cache.move_to_end(line)
+                return cached
         count = len(self._encoding.encode_ordinary(line))
         if len(line) <= _CACHE_CHARS // 8:  # one huge line never flushes the rest
-            self._cache[line] = count
-            self._cached_chars += len(line)
-            while self._cached_chars > _CACHE_CHARS:
-                dropped, _ = self._cache.popitem(last=False)
-                self._cached_chars -= len(dropped)
+            with self._cache_lock:
+                if line not in self._cache:
+                    self._cached_chars += len(line)
+                self._cache[line] = count
+                while self._cached_chars > _CACHE_CHARS:
+                    dropped, _ = self._cache.popitem(last=False)
+                    self._cached_chars -= len(dropped)
         return count
 
     def count_message(self, message: object) -> int:
