@@ -25,7 +25,7 @@ from gateway.jobs.embed import (
     EmbedHandler,
     IndexTarget,
 )
-from gateway.jobs.neighbour_vectors import composed
+from gateway.jobs.neighbour_vectors import composed_all
 from gateway.records import EMBED, AppendRequest, EmbedWork, IndexBacklog, NewMessage, embed_key_prefix
 from gateway.verify import verify_tenant
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
@@ -150,7 +150,8 @@ def test_composed_neighbour_vectors_index_a_long_stretch_in_one_pass_of_own_view
             for held in index.rows.values():
                 depth, view = held.row.depth, held.row.view
                 members = {"m": [depth], "p": [depth - 1, depth], "w": [depth - 1, depth, depth + 1]}[view]
-                expected = composed([m[d] or [] for d in members if d in m])
+                found = [m[d] or [] for d in members if d in m]
+                expected = composed_all(found, [range(len(found))])[0]
                 assert held.row.vector is not None
                 assert max(abs(a - b) for a, b in zip(held.row.vector, expected, strict=True)) < 1e-6
             exchange = chain(302)[300:]

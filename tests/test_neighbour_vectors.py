@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from gateway.jobs.neighbour_vectors import composed, composed_all
+from gateway.jobs.neighbour_vectors import composed_all
 
 
 def unit(*values: float) -> list[float]:
@@ -23,8 +23,6 @@ def test_each_view_gets_the_normalised_sum_of_the_members_it_names() -> None:
 def test_a_sum_that_cancels_out_gives_way_to_its_first_member_and_one_member_stays_as_it_is() -> None:
     left, right, up = unit(1, 0, 0), unit(-1, 0, 0), unit(0, 1, 0)
     assert composed_all([left, right, up], [[0, 1], [2], [1, 0]]) == [left, up, right]
-    assert composed([left, right]) == left
-    assert composed([up]) == up
 
 
 def test_no_views_compose_to_nothing() -> None:

@@ -15,15 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def composed(vectors: Sequence[Sequence[float]]) -> list[float]:
-    """The normalised sum of `vectors` (unit vectors of one model); the first when they cancel out, and
-    a single vector as it is."""
-    return composed_all([list(v) for v in vectors], [tuple(range(len(vectors)))])[0]
-
-
 def composed_all(vectors: Sequence[Sequence[float]], joins: Sequence[Sequence[int]]) -> list[list[float]]:
-    """`composed` of the `vectors` each of `joins` names by position, in one array pass: a job composes
-    hundreds, and one conversion per view held the event loop for 60 ms (BENCHMARKS.md, issue 28)."""
+    """For each of `joins` (positions in `vectors`, unit vectors of one model), the normalised sum of the
+    vectors it names; the first when they cancel out, and a single vector as it is. In one array pass: a
+    job composes hundreds, and one conversion per view held the event loop for 60 ms (BENCHMARKS.md,
+    issue 28)."""
     if not joins:
         return []
     matrix = np.asarray(vectors, dtype=np.float32)
@@ -35,10 +31,9 @@ def composed_all(vectors: Sequence[Sequence[float]], joins: Sequence[Sequence[in
         positions[row, : len(join)] = join
     totals = padded[positions].sum(axis=1)
     norms = np.linalg.norm(totals, axis=1, keepdims=True)
-    firsts = positions[:, 0]
-    singles = (positions[:, 1:] == len(matrix)).all(axis=1) if width > 1 else np.ones(len(joins), bool)
+    singles = np.array([len(join) == 1 for join in joins])
     # A single vector as it is; a sum that cancels out gives way to its first member.
     keep = singles | (norms[:, 0] == 0.0)
-    out = np.where(keep[:, None], padded[firsts], totals / np.where(norms == 0.0, 1.0, norms))
+    out = np.where(keep[:, None], padded[positions[:, 0]], totals / np.where(norms == 0.0, 1.0, norms))
     rows: list[list[float]] = out.tolist()
     return rows
