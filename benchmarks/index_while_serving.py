@@ -45,14 +45,23 @@ from gateway.fakes.server import BackgroundServer  # noqa: E402
 AUTH = {"authorization": f"Bearer {KEY}"}
 
 
-def chat(http: httpx.Client, rate: float, requests: int, stop: threading.Event | None = None) -> list[float]:
-    """Short turns of one chat at `rate` a second; the gateway's own milliseconds for each."""
+def chat(
+    http: httpx.Client,
+    rate: float,
+    requests: int,
+    stop: threading.Event | None = None,
+    sent_at: list[float] | None = None,
+) -> list[float]:
+    """Short turns of one chat at `rate` a second; the gateway's own milliseconds for each (and, into
+    `sent_at`, when each was sent)."""
     messages: list[dict[str, str]] = [{"role": "system", "content": "You are a helpful assistant."}]
     overheads: list[float] = []
     for turn in range(requests):
         if stop is not None and stop.is_set():
             break
         started = time.perf_counter()
+        if sent_at is not None:
+            sent_at.append(started)
         messages.append({"role": "user", "content": f"Turn {turn}: what should I cook with leeks tonight?"})
         response = http.post(
             "/v1/chat/completions",
@@ -111,8 +120,9 @@ def run(
                 conversation_id = response.headers["x-conversation-id"]
                 stop = threading.Event()
                 busy: list[float] = []
+                sent_at: list[float] = []
                 chatter = threading.Thread(
-                    target=lambda: busy.extend(chat(http, args.rate, args.requests, stop))
+                    target=lambda: busy.extend(chat(http, args.rate, args.requests, stop, sent_at))
                 )
                 chatter.start()
                 with httpx.Client(base_url=gateway.url, timeout=60) as watcher:
@@ -122,7 +132,16 @@ def run(
                 peak = memory(gateway.process.pid)["VmHWM"]
         finally:
             gateway.close()
-    return {"name": name, "idle": idle, "busy": busy, "times": times, "rss": (before, peak)}
+    # The slowest requests while indexing, each with its seconds since the history was sent.
+    slowest = sorted(zip(busy, (at - started for at in sent_at), strict=False), reverse=True)[:5]
+    return {
+        "name": name,
+        "idle": idle,
+        "busy": busy,
+        "times": times,
+        "rss": (before, peak),
+        "slowest": slowest,
+    }
 
 
 def q(values: list[float], share: float) -> float:
@@ -172,6 +191,8 @@ def main() -> None:
                 f"RSS before the history {out['rss'][0]:.0f} MB, peak {out['rss'][1]:.0f} MB",
                 flush=True,
             )
+            slowest = ", ".join(f"{ms:.0f} ms at {at:.1f} s" for ms, at in out["slowest"])
+            print(f"    slowest while indexing (since the history was sent): {slowest}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""The garbage collector's settings for a serving process (`context-gateway serve`): a request's objects
+"""The interpreter's settings for a serving process (`context-gateway serve`): a request's objects
 outlive CPython's young generations under load, and full collections then stopped the whole process for
 hundreds of milliseconds while freeing almost nothing (BENCHMARKS.md, issue 16); reference counting frees
-nearly everything here, and the collector still finds cycles, less often.
+nearly everything here, and the collector still finds cycles, less often. And the GIL changes hands more
+often, so the event loop waits less for the background jobs' threads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ctypes.util
 import functools
 import gc
 import os
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import cast
 
@@ -22,11 +24,17 @@ from typing import cast
 YOUNG_THRESHOLD = 50_000
 MIDDLE_FACTOR = 20
 OLD_FACTOR = 10
+# Seconds a thread holds the GIL while another waits for it (CPython's default 0.005): the event loop
+# waited up to that long for an indexing thread at every handover (p99 while a long history is indexed,
+# 2.28-3.13x idle at 5 ms, 1.51-1.70x at 1 ms; BENCHMARKS.md, issue 28).
+SWITCH_INTERVAL = 0.001
 
 
 def tune_for_serving() -> None:
-    """Fewer young collections, and what startup built (modules, classes, settings) moved out of every
-    later collection's way (`gc.freeze`). Call once, when the app is built and before it serves."""
+    """Fewer young collections, what startup built (modules, classes, settings) moved out of every later
+    collection's way (`gc.freeze`), a shorter GIL switch interval. Call once, when the app is built and
+    before it serves."""
+    sys.setswitchinterval(SWITCH_INTERVAL)
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, MIDDLE_FACTOR, OLD_FACTOR)

@@ -329,18 +329,22 @@ def test_reindex_after_a_model_change_embeds_every_branch_in_the_new_models_tabl
 
 
 def test_a_serving_process_keeps_what_startup_built_out_of_the_collectors_scans() -> None:
-    """`serve` tunes the collector once the app is built (gateway/collector.py): in a fresh interpreter
-    that built the app, everything alive then is frozen (no later collection scans it) and young
-    collections come after tens of thousands of allocations, not 700."""
+    """`serve` tunes the interpreter once the app is built (gateway/collector.py): in a fresh interpreter
+    that built the app, everything alive then is frozen (no later collection scans it), young
+    collections come after tens of thousands of allocations, not 700, and the GIL changes hands every
+    millisecond, not every 5."""
     probe = (
-        "import gc; from gateway.app import create_app; from gateway.cli import resolve_config; "
+        "import gc, sys; from gateway.app import create_app; from gateway.cli import resolve_config; "
         "from gateway.collector import tune_for_serving, YOUNG_THRESHOLD; "
-        "app = create_app(resolve_config(None)); before = gc.get_threshold(); tune_for_serving(); "
-        "print(before[0], gc.get_threshold()[0] == YOUNG_THRESHOLD, gc.get_freeze_count(), len(gc.get_objects()))"
+        "app = create_app(resolve_config(None)); before = gc.get_threshold(); "
+        "switch = sys.getswitchinterval(); tune_for_serving(); "
+        "print(before[0], gc.get_threshold()[0] == YOUNG_THRESHOLD, gc.get_freeze_count(), len(gc.get_objects()), "
+        "switch, sys.getswitchinterval())"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    default, tuned, frozen, scanned = out.split()
+    default, tuned, frozen, scanned, switch, tuned_switch = out.split()
     assert default == "700" and tuned == "True"
+    assert float(switch) == 0.005 and float(tuned_switch) == 0.001
     assert int(frozen) > 20_000 and int(scanned) < int(frozen) // 10
 
 
