@@ -12,7 +12,17 @@ import pytest
 from gateway.adapters.keyword_rank import ViewRanker
 from gateway.pipeline.call import HistoryItem
 from gateway.pipeline.context.question import topic
-from gateway.pipeline.context.ranking import RARE_TERM, RRF_K, Candidate, boost, fuse, term_weights
+from gateway.pipeline.context.ranking import (
+    RARE_TERM,
+    RRF_K,
+    SPEAKER_WEIGHT,
+    Candidate,
+    boost,
+    favour_speaker,
+    fuse,
+    participants,
+    term_weights,
+)
 from gateway.pipeline.context.retrieval import POOL_GROWTH, POOL_ROOM, pool_size
 from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
 from gateway.pipeline.context.retrieval_groups import (
@@ -80,6 +90,47 @@ def test_boost_adds_terms_and_recency_then_sorts_best_first() -> None:
     assert [c.node_id for c in ranked] == ["n0", "n2", "n1"]
     assert ranked[0].score == pytest.approx(0.6)
     assert ranked[1].score == pytest.approx(0.1 + 1.0 / RRF_K * 2 / 3)
+
+
+def test_a_question_naming_one_participant_ranks_that_ones_own_turns_first() -> None:
+    texts = {
+        "n0": "caroline: melanie told me she went swimming",
+        "n1": "melanie: i'm off to go swimming with the kids",
+        "n2": "caroline: the support group was great",
+        "n3": "melanie: we went camping",
+        "n4": "note: swimming pool closed",  # opens one text of seven: no participant
+        "n5": "caroline: i painted a sunset",
+        "n6": "melanie: pottery class was fun",
+    }
+    assert participants(texts.values()) == {"caroline", "melanie"}
+
+    def ranked() -> list[Candidate]:
+        return [Candidate(n, 1.0 - i / 100) for i, n in enumerate(texts)]
+
+    shown = ranked()
+    assert favour_speaker(shown, texts, "what activities does melanie partake in?") == "melanie"
+    assert [c.node_id for c in shown][:3] == ["n1", "n3", "n6"]
+    assert shown[0].score == pytest.approx(0.99 + SPEAKER_WEIGHT / RRF_K)
+    # Both named, or neither: the order stands.
+    for question in ("what did caroline say about melanie's kids?", "what did the note say?"):
+        shown = ranked()
+        assert favour_speaker(shown, texts, question) is None
+        assert [c.node_id for c in shown] == list(texts)
+
+
+def test_a_chinese_transcripts_speakers_are_read_with_a_full_width_colon() -> None:
+    said = [
+        "李娜：我去游泳了",
+        "张伟：周末去爬山了",
+        "李娜：好的",
+        "张伟：还去了博物馆",
+        "李娜：嗯",
+        "张伟：累了",
+    ]
+    texts = {f"n{i}": text for i, text in enumerate(said)}
+    shown = [Candidate(n, 1.0 - i / 100) for i, n in enumerate(texts)]
+    assert favour_speaker(shown, texts, "张伟周末做了什么？") == "张伟"
+    assert [c.node_id for c in shown][:3] == ["n1", "n3", "n5"]
 
 
 def test_by_keyword_a_message_counts_once_at_its_best_view_by_meaning_every_view_counts() -> None:

@@ -1,6 +1,6 @@
 """What planning found (`Found`) and how its fused candidates are ranked on this request's path (`rank`):
 on the path and outside the window, smoothed over neighbours, weighted by exact terms and recency, the
-newest decisions first for a question about where things stand, then the second hop."""
+turns of a participant the question names up, the newest decisions first for a question about where things stand, then the second hop."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from datetime import datetime
 
 from gateway.pipeline.call import HistoryItem
 from gateway.pipeline.context.question import QuestionFacts, topic
-from gateway.pipeline.context.ranking import CURRENT_RECENCY, Candidate, boost, smoothed, term_weights
+from gateway.pipeline.context.ranking import (
+    CURRENT_RECENCY,
+    Candidate,
+    boost,
+    favour_speaker,
+    smoothed,
+    term_weights,
+)
 from gateway.pipeline.context.retrieval_hop import KeywordSearch, second_hop
 from gateway.pipeline.context.retrieval_revision import promote_decisions
 from gateway.pipeline.context.retrieval_unindexed import InHand
@@ -69,6 +76,9 @@ async def rank(
     # Recency weighs more where the question asks how things stand now (the newest revision answers).
     recency = CURRENT_RECENCY if found.facts.asks_current else OLD_RECENCY
     boost(on_path, texts, weights, positions, len(path), recency)
+    speaker = favour_speaker(on_path, texts, query.text.lower())
+    if speaker is not None:
+        found.detail["speaker"] = speaker
     if found.facts.asks_current:  # the newest decisions on its topic first (retrieval_revision.py)
         words = topic(query.text, found.facts.terms)
         promoted = promote_decisions(on_path, words, found.facts.terms, path, recent, lowered)
