@@ -266,6 +266,29 @@ def test_a_hop_follows_a_host_the_whole_chat_talks_about_from_the_sentence_that_
     assert "etl-07" in retrieval["hop"] and "row_count" not in retrieval["hop"]
 
 
+def test_a_question_about_one_person_of_a_transcript_gets_that_ones_own_turns_alone(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """A chat app relaying a conversation between two people labels each turn with its speaker. Asked
+    about one of them, their own turns rank first and come without the other's turns beside them."""
+    gateway = gateway_with(make_gateway, upstream, context={"budget_tokens": 700})
+    history: list[dict[str, Any]] = []
+    for i in range(60):
+        topic = TOPICS[i % len(TOPICS)]
+        history.append({"role": "user", "content": f"Noah: Have you heard about this? {topic}."})
+        history.append({"role": "assistant", "content": f"Mia: Not really, tell me more about {topic}."})
+        if i == 12:
+            history.append({"role": "user", "content": "Noah: What did you get up to on Sunday?"})
+            history.append(
+                {"role": "assistant", "content": "Mia: I went kayaking on the lake, my favourite pastime."}
+            )
+    history.append({"role": "user", "content": "Noah: Talk soon."})
+    context, retrieval = indexed_then_asked(gateway, upstream, history, "What pastime does Mia enjoy?")
+    assert retrieval["speaker"] == "mia"
+    assert "Mia: I went kayaking on the lake" in context
+    assert retrieval["groups"] and all(g["from"] == g["to"] for g in retrieval["groups"]), retrieval["groups"]
+
+
 def test_a_why_question_gets_the_reason_said_after_the_decision(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:

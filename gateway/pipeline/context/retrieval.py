@@ -291,8 +291,11 @@ class RetrievalSection:
             # A reason usually follows what it explains ("we chose X." "why?" "because..."): a "why"
             # question's groups reach one message further forward.
             after = self.config.neighbours + found.facts.asks_why
+            # A question about one participant is answered by their own turns: the other's beside them
+            # give way to more of theirs (LoCoMo dev +0.8, BENCHMARKS.md).
+            alone = "speaker" in detail
             groups = self._groups(
-                build, path, positions, found.on_path, recent, allowance - keep, found.dates, after
+                build, path, positions, found.on_path, recent, allowance - keep, found.dates, after, alone
             )
         others: list[Group] = []
         if found.other is not None:
@@ -371,6 +374,7 @@ class RetrievalSection:
         allowance: int,
         dates: dict[str, datetime | None],
         after: int | None = None,  # messages after a hit (default: `neighbours`)
+        alone: bool = False,  # every hit without its neighbours
     ) -> list[Group]:
         """`groups_of` with this section's neighbours, header, summary and line counts (a method:
         benchmarks/locomo_ranking.py replays it)."""
@@ -387,7 +391,7 @@ class RetrievalSection:
             used=build.tokenizer.count(HEADER),
             above="\n".join(build.above).lower(),
             line_tokens=partial(self._line_tokens, build),
-            grouped=self.config.grouped_hits,
+            grouped=0 if alone else self.config.grouped_hits,
         )
 
     def _lowered(self, item: HistoryItem) -> str:
