@@ -65,6 +65,10 @@ OTHER_MAX = 3  # groups from other conversations: each costs a store read
 # POOL_GROWTH times as many (240 at 8,000: recall up on every set there, mixed at 4,000; BENCHMARKS.md).
 POOL_ROOM = 4_000
 POOL_GROWTH = 2.0
+# A question about one participant is answered by their own turns: past their best 2 hits (a keyword hit
+# may be the other's question, the answer beside it), the other's turns give way to more of theirs
+# (LoCoMo dev, right after / after indexing: 89.9 / 91.1 with 8, 90.3 / 91.4 with 2, 89.3 / 91.6 with 0).
+SPEAKER_GROUPED = 2
 # What the searches returned, the user's other conversations' too, and the seconds spent embedding.
 _Searched = tuple[SearchResult, SearchResult | None, float]
 
@@ -291,11 +295,9 @@ class RetrievalSection:
             # A reason usually follows what it explains ("we chose X." "why?" "because..."): a "why"
             # question's groups reach one message further forward.
             after = self.config.neighbours + found.facts.asks_why
-            # A question about one participant is answered by their own turns: the other's beside them
-            # give way to more of theirs (LoCoMo dev +0.8, BENCHMARKS.md).
-            alone = "speaker" in detail
+            grouped = SPEAKER_GROUPED if "speaker" in detail else None
             groups = self._groups(
-                build, path, positions, found.on_path, recent, allowance - keep, found.dates, after, alone
+                build, path, positions, found.on_path, recent, allowance - keep, found.dates, after, grouped
             )
         others: list[Group] = []
         if found.other is not None:
@@ -374,7 +376,7 @@ class RetrievalSection:
         allowance: int,
         dates: dict[str, datetime | None],
         after: int | None = None,  # messages after a hit (default: `neighbours`)
-        alone: bool = False,  # every hit without its neighbours
+        grouped: int | None = None,  # the best hits that come with neighbours (default: `grouped_hits`)
     ) -> list[Group]:
         """`groups_of` with this section's neighbours, header, summary and line counts (a method:
         benchmarks/locomo_ranking.py replays it)."""
@@ -391,7 +393,7 @@ class RetrievalSection:
             used=build.tokenizer.count(HEADER),
             above="\n".join(build.above).lower(),
             line_tokens=partial(self._line_tokens, build),
-            grouped=0 if alone else self.config.grouped_hits,
+            grouped=self.config.grouped_hits if grouped is None else grouped,
         )
 
     def _lowered(self, item: HistoryItem) -> str:
