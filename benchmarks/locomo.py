@@ -42,7 +42,7 @@ from gateway.app import create_app
 from gateway.config import parse_config
 from gateway.fakes.openai_upstream import FakeUpstream, Reply
 from gateway.fakes.server import BackgroundServer
-from gateway.text import cjk_bigrams
+from gateway.text import cjk_terms
 from gateway.wiring import build_deps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -290,14 +290,16 @@ _WORD = re.compile(r"\w+")
 def bm25_ranking(sample: Sample) -> Callable[[str], list[float]]:
     """Plain BM25 (k1 1.2, b 0.75) over the sample's single turns, CJK text as character bigrams: the
     scores of every turn for a question."""
-    docs = [Counter(_WORD.findall(cjk_bigrams(content).lower())) for _, _, content, _ in sample.turns]
+    docs = [
+        Counter(_WORD.findall(cjk_terms(content, singles=False).lower())) for _, _, content, _ in sample.turns
+    ]
     lengths = [sum(d.values()) for d in docs]
     average = statistics.fmean(lengths)
     frequency: Counter[str] = Counter(term for d in docs for term in d)
     idf = {t: math.log(1 + (len(docs) - n + 0.5) / (n + 0.5)) for t, n in frequency.items()}
 
     def scores(question: str) -> list[float]:
-        terms = set(_WORD.findall(cjk_bigrams(question).lower()))
+        terms = set(_WORD.findall(cjk_terms(question, singles=False).lower()))
         return [
             sum(
                 idf[t] * d[t] * 2.2 / (d[t] + 1.2 * (0.25 + 0.75 * length / average)) for t in terms if t in d

@@ -12,7 +12,7 @@ import pytest
 from gateway.adapters.keyword_rank import Analyzer, KeywordQuery, Postings, ViewRanker
 from gateway.jobs.embed import index_rows
 from gateway.records import StoredMessage, StoredNode
-from gateway.text import cjk_bigrams
+from gateway.text import cjk_terms
 
 
 def ranked(texts: list[str], question: str) -> list[int]:
@@ -73,14 +73,23 @@ def test_a_question_without_a_searchable_word_has_no_query(question: str) -> Non
 
 def test_chinese_runs_are_matched_by_bigrams() -> None:
     texts = ["我们把端口改成8443了", "数据库迁移到PostgreSQL 17之后连接池报错"]
-    assert ranked([cjk_bigrams(t) for t in texts], "端口改成多少了") == [0]
-    assert ranked([cjk_bigrams(t) for t in texts], "连接池") == [1]
+    assert ranked([cjk_terms(t) for t in texts], "端口改成多少了") == [0]
+    assert ranked([cjk_terms(t) for t in texts], "连接池") == [1]
+
+
+def test_a_chinese_word_written_shorter_still_matches_by_its_characters() -> None:
+    """扩缩容 and 扩容 share no bigram; their characters 扩 and 容 are terms too."""
+    texts = ["关于扩容的争论：最后定了，队列深度超过 1000 时扩容", "数据库迁移到PostgreSQL 17之后连接池报错"]
+    assert cjk_terms("扩容", singles=False) == " 扩容 "
+    assert cjk_terms("扩缩容") == " 扩缩 缩容 扩 缩 容 "
+    assert ranked([cjk_terms(t, singles=False) for t in texts], "扩缩容规则") == []
+    assert ranked([cjk_terms(t) for t in texts], "扩缩容规则") == [0]
 
 
 def test_a_name_written_against_a_chinese_character_is_still_its_own_word() -> None:
     texts = ["Wang Fang 对search-edge 的夜间单副本又提了一个担心", "夜里 price-cache 只跑一个副本"]
-    assert cjk_bigrams("对search-edge 的") == " 对 search-edge  的 "
-    assert ranked([cjk_bigrams(t) for t in texts], "search") == [0]
+    assert cjk_terms("对search-edge 的") == " 对 search-edge  的 "  # a lone character: itself, once
+    assert ranked([cjk_terms(t) for t in texts], "search") == [0]
 
 
 def test_postings_never_change_once_built() -> None:
@@ -118,7 +127,7 @@ def test_views_of_a_history_in_hand_rank_as_the_index_will_once_it_writes_them()
     for question in ("When did the export run?", "billing_reconcile_v2.py", "服务器迁移", "batch logs"):
         query = analyzer.query(question)
         assert query is not None
-        scores = Postings().extended(analyzer.terms(cjk_bigrams(r.text)) for r in rows).scores(query)
+        scores = Postings().extended(analyzer.terms(cjk_terms(r.text)) for r in rows).scores(query)
         expected = sorted(
             ((r.node_id, r.view, round(float(s), 4)) for r, s in zip(rows, scores, strict=True) if s > 0),
             key=lambda hit: (-hit[2], hit[0], hit[1]),

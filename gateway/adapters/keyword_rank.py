@@ -10,7 +10,7 @@ query are served from there. Queries over a user's or a tenant's rows still go t
 Terms are made as the table's full-text index makes them (`lance_index.FTS_CONFIG`): runs of letters and
 digits (the "simple" tokenizer), lower-cased, tokens of 80 characters or more dropped, accents folded,
 English stop words removed, Snowball English stems ("deploying" finds "deploy"). Texts and queries reach
-here with their Chinese, Japanese and Korean runs already spelled as bigrams (`cjk_bigrams`).
+here with their Chinese, Japanese and Korean runs already spelled as bigrams and single characters (`cjk_terms`).
 
 Ranking: Okapi BM25 (k1 1.2, b 0.75, Lucene's idf) over the conversation's own rows, so one tenant's
 texts never weigh in another's ranking. An identifier of the question ("parse_config.py") is also a
@@ -36,7 +36,7 @@ import numpy.typing as npt
 import Stemmer
 
 from gateway.records import message_views
-from gateway.text import cjk_bigrams
+from gateway.text import cjk_terms
 
 K1 = 1.2
 B = 0.75
@@ -118,15 +118,15 @@ class Analyzer:
 
     def query(self, text: str) -> KeywordQuery | None:
         """The question's terms and identifier phrases (None: no word to look for). `text` is the
-        question as asked; its CJK runs are spelled as bigrams here."""
+        question as asked; its CJK runs are spelled as bigrams and characters here."""
         if not WORD.search(text):
             return None
-        terms = list(dict.fromkeys(self.terms(cjk_bigrams(text))[0]))[:MAX_QUERY_TERMS]
+        terms = list(dict.fromkeys(self.terms(cjk_terms(text))[0]))[:MAX_QUERY_TERMS]
         if not terms:
             return None
         phrases: list[tuple[tuple[str, ...], tuple[int, ...]]] = []
         for phrase in list(dict.fromkeys(COMPOUND.findall(text)))[:MAX_PHRASES]:
-            words, at = self.terms(cjk_bigrams(phrase))
+            words, at = self.terms(cjk_terms(phrase))
             if words:
                 phrases.append((tuple(words), tuple(a - at[0] for a in at)))
         return KeywordQuery(tuple(terms), tuple(phrases))
@@ -273,7 +273,7 @@ class ViewRanker:
         self._analysed = lru_cache(maxsize=ANALYSED_TEXTS)(self._analyse)
 
     def _analyse(self, text: str) -> Analysed:
-        words, at = self.analyzer.terms(cjk_bigrams(text))
+        words, at = self.analyzer.terms(cjk_terms(text))
         return words, at, Counter(words)
 
     def __call__(self, question: str, texts: Sequence[str], limit: int) -> list[tuple[int, str, float]]:

@@ -2,8 +2,8 @@
 
 The engine's word tokenizers keep a run of Chinese or Japanese characters (or a Korean word with its
 particles) as one token, and its n-gram tokenizer breaks English words and numbers apart too; so the
-indexed text and the query both spell each such run as its overlapping character bigrams
-(`cjk_bigrams`), and the word tokenizer keeps English whole.
+indexed text and the query both spell each such run as its overlapping character bigrams and its
+characters (`cjk_terms`), and the word tokenizer keeps English whole.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from lancedb.index import FTS
 from lancedb.query import BooleanQuery, FullTextOperator, FullTextQuery, MatchQuery, Occur, PhraseQuery
 
 from gateway.adapters.keyword_rank import COMPOUND, MAX_PHRASES, MAX_QUERY_TERMS, WORD
-from gateway.text import cjk_bigrams
+from gateway.text import cjk_terms
 
 # For chat-like text (file names, error codes, ports, hashes): split on punctuation so "E1234." matches,
 # stem, keep positions for the phrase clauses, and keep tokens up to 80 characters (sha256 hashes).
@@ -35,7 +35,7 @@ def keyword_query(text: str) -> FullTextQuery | None:
     if not WORD.search(text):
         return None
     phrases = list(dict.fromkeys(COMPOUND.findall(text)))[:MAX_PHRASES]
-    text = cjk_bigrams(text)
+    text = cjk_terms(text)
     words = text.split()
     if len(words) > MAX_QUERY_TERMS:
         text = " ".join(list(dict.fromkeys(words))[:MAX_QUERY_TERMS])

@@ -31,7 +31,7 @@ from gateway.adapters.lance_table import LanceAdapter, open_table, query_vector,
 from gateway.adapters.vector_cache import from_micros
 from gateway.errors import SearchIndexError
 from gateway.records import IndexHit, IndexRow, SearchQuery, SearchResult
-from gateway.text import cjk_bigrams
+from gateway.text import cjk_terms
 
 __all__ = [
     "FTS_CONFIG",
@@ -108,7 +108,7 @@ def _rows_table(rows: Sequence[IndexRow], target: pa.Schema, dimensions: int) ->
             "created_at": [
                 r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC) for r in unique
             ],
-            "text": [cjk_bigrams(r.text) for r in unique],
+            "text": [cjk_terms(r.text) for r in unique],
             "vector": vector_array([r.vector for r in unique], dimensions),
             "dated": [r.dated for r in unique],
         },

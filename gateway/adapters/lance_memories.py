@@ -2,7 +2,7 @@
 
 One table per embedding model, beside the message index and built the same way (`lance_table`,
 `lance_fulltext`): the asyncio API, `lancedb.expr` filters (ids holding quotes or backslashes can neither
-break a filter nor widen it), CJK runs indexed as bigrams, the same full-text configuration and query
+break a filter nor widen it), CJK runs indexed as bigrams and characters, the same full-text configuration and query
 objects. Memory tables are small (hundreds of rows per user), so there is no vector cache and no
 compaction throttle: a compaction every few writes.
 """
@@ -24,7 +24,7 @@ from gateway.adapters.lance_fulltext import FTS_CONFIG, keyword_query
 from gateway.adapters.lance_table import LanceAdapter, open_table, query_vector, table_name, vector_array
 from gateway.adapters.vector_cache import from_micros
 from gateway.memory.records import MemoryHit, MemoryQuery, MemoryRow, MemorySearchResult
-from gateway.text import cjk_bigrams
+from gateway.text import cjk_terms
 
 # Each write is a fragment of its own until compacted, and searches pay for each one; memory writes are
 # small and frequent (a few rows per extraction), so compact after this many of them.
@@ -68,8 +68,8 @@ def _rows_table(rows: Sequence[MemoryRow], target: pa.Schema, dimensions: int) -
             "user_id": [r.user_id for r in unique],
             "scope": [r.scope for r in unique],
             "type": [r.type for r in unique],
-            # CJK runs as bigrams, as `keyword_query` spells the question (see lance_fulltext).
-            "text": [cjk_bigrams(r.text) for r in unique],
+            # CJK runs as bigrams and characters, as `keyword_query` spells the question (see lance_fulltext).
+            "text": [cjk_terms(r.text) for r in unique],
             # Naive datetimes are taken as UTC, as the store writes them.
             "created_at": [
                 r.created_at if r.created_at.tzinfo else r.created_at.replace(tzinfo=UTC) for r in unique

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from gateway.text import cjk_bigrams
+from gateway.text import cjk_terms
 
 _TOKEN = re.compile(r"[^\W_]+")
 COMPOUND = re.compile(r"[^\W_]+(?:[._\-/:@#]+[^\W_]+)+")
@@ -27,8 +27,8 @@ R = TypeVar("R")
 
 
 def tokens(text: str) -> list[str]:
-    # CJK runs as bigrams, as the real index reads them.
-    return [t for t in _TOKEN.findall(cjk_bigrams(text).lower()) if t not in _STOP_WORDS]
+    # CJK runs as bigrams and characters, as the real index reads them.
+    return [t for t in _TOKEN.findall(cjk_terms(text).lower()) if t not in _STOP_WORDS]
 
 
 def unit(vector: Sequence[float]) -> list[float]:
