@@ -112,6 +112,8 @@ def test_a_question_naming_one_participant_ranks_that_ones_own_turns_first() -> 
     assert [c.node_id for c in shown][:3] == ["n1", "n3", "n6"]
     assert shown[0].score == pytest.approx(0.99 + SPEAKER_WEIGHT / RRF_K)
     # Both named, or neither: the order stands.
+    # A question-and-answer transcript's one-letter labels are no one's name.
+    assert participants(["q: where?", "a: here", "q: when?", "a: now", "q: why?", "a: because"]) == set()
     for question in ("what did caroline say about melanie's kids?", "what did the note say?"):
         shown = ranked()
         assert favour_speaker(shown, texts, question) is None

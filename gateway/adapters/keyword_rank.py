@@ -10,7 +10,8 @@ query are served from there. Queries over a user's or a tenant's rows still go t
 Terms are made as the table's full-text index makes them (`lance_index.FTS_CONFIG`): runs of letters and
 digits (the "simple" tokenizer), lower-cased, tokens of 80 characters or more dropped, accents folded,
 English stop words removed, Snowball English stems ("deploying" finds "deploy"). Texts and queries reach
-here with their Chinese, Japanese and Korean runs already spelled as bigrams and single characters (`cjk_terms`).
+here with their Chinese, Japanese and Korean runs already spelled as bigrams and single characters
+(`cjk_terms`).
 
 Ranking: Okapi BM25 (k1 1.2, b 0.75, Lucene's idf) over the conversation's own rows, so one tenant's
 texts never weigh in another's ranking. An identifier of the question ("parse_config.py") is also a

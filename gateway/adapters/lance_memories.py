@@ -2,9 +2,9 @@
 
 One table per embedding model, beside the message index and built the same way (`lance_table`,
 `lance_fulltext`): the asyncio API, `lancedb.expr` filters (ids holding quotes or backslashes can neither
-break a filter nor widen it), CJK runs indexed as bigrams and characters, the same full-text configuration and query
-objects. Memory tables are small (hundreds of rows per user), so there is no vector cache and no
-compaction throttle: a compaction every few writes.
+break a filter nor widen it), CJK runs indexed as bigrams and characters, the same full-text
+configuration and query objects. Memory tables are small (hundreds of rows per user), so there is no
+vector cache and no compaction throttle: a compaction every few writes.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def _rows_table(rows: Sequence[MemoryRow], target: pa.Schema, dimensions: int) -
             "user_id": [r.user_id for r in unique],
             "scope": [r.scope for r in unique],
             "type": [r.type for r in unique],
-            # CJK runs as bigrams and characters, as `keyword_query` spells the question (see lance_fulltext).
+            # CJK runs as bigrams and characters, as `keyword_query` spells the question (lance_fulltext).
             "text": [cjk_terms(r.text) for r in unique],
             # Naive datetimes are taken as UTC, as the store writes them.
             "created_at": [

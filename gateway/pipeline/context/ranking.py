@@ -30,7 +30,8 @@ SPEAKER_WEIGHT = 2.0
 # each), so "Error: ..." or "Note: ..." opening a few messages is none.
 SPEAKER_SHARE = 0.2
 SPEAKER_MIN = 3
-_LABEL = re.compile(r"([^\W\d_][\w'.-]{0,40}(?: [^\W\d_][\w'.-]{0,40})?) ?[:\uff1a] ?")
+# Two characters at least: "Q:" and "A:" label no one a question could name ("what is a good place?").
+_LABEL = re.compile(r"([^\W\d_][\w'.-]{1,40}(?: [^\W\d_][\w'.-]{0,40})?) ?[:\uff1a] ?")
 
 
 @dataclass(slots=True)

@@ -1,6 +1,7 @@
 """What planning found (`Found`) and how its fused candidates are ranked on this request's path (`rank`):
 on the path and outside the window, smoothed over neighbours, weighted by exact terms and recency, the
-turns of a participant the question names up, the newest decisions first for a question about where things stand, then the second hop."""
+turns of a participant the question names up, the newest decisions first for a question about where
+things stand, then the second hop."""
 
 from __future__ import annotations
 
