@@ -267,6 +267,35 @@ def test_a_hop_follows_a_host_the_whole_chat_talks_about_from_the_sentence_that_
     assert "etl-07" in retrieval["hop"] and "row_count" not in retrieval["hop"]
 
 
+def test_a_hop_follows_a_feature_named_in_plain_words_beside_the_flag_the_question_names(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """The flag's statement names the feature in words, no identifier: "invoice merge", said by it and by
+    the one turn saying whose work it is, is searched for, among turns asking who built other things."""
+    gateway = gateway_with(make_gateway, upstream, context={"budget_tokens": 600})
+    asking = [
+        {"role": "user", "content": f"Who built the {kind} feature, and is the work behind it done?"}
+        for kind in ("export", "search", "login", "billing", "upload", "audit", "report", "backup")
+    ]
+    history = [
+        {"role": "user", "content": "The invoice merge is behind ff_async_export."},
+        {"role": "assistant", "content": "Noted."},
+        *filler(60),
+        {"role": "user", "content": "The invoice merge is Ines's work."},
+        {"role": "assistant", "content": "Good to know."},
+        *filler(30, offset=5),
+        *[m for a in asking for m in (a, {"role": "assistant", "content": "Not sure, ask around."})],
+        *filler(60, offset=3),
+        {"role": "user", "content": "Thanks, that is all for now."},
+    ]
+    context, retrieval = indexed_then_asked(
+        gateway, upstream, history, "Who built the feature behind ff_async_export?"
+    )
+    assert "The invoice merge is behind ff_async_export." in context
+    assert "The invoice merge is Ines's work." in context
+    assert retrieval["hop"] == ["invoice merge"]
+
+
 def test_a_question_about_one_person_of_a_transcript_gets_that_ones_own_turns_alone(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:

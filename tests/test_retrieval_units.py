@@ -40,6 +40,7 @@ from gateway.pipeline.context.retrieval_hop import (
     follow,
     leads,
     second_hop,
+    word_pairs,
 )
 from gateway.pipeline.context.retrieval_window import OLD_COMPARED, old_outranks_window
 from gateway.pipeline.context.tail_lines import lines_of
@@ -228,6 +229,37 @@ def test_a_chinese_source_leads_by_a_phrase_a_few_other_messages_hold() -> None:
     hits = [IndexHit("n2", "c", "m", 2, DAY, 1.0), IndexHit("n3", "c", "m", 3, DAY, 0.5)]
     follow(hits, named, ranked, path, positions_of(path), set(), texts, dates)
     assert [c.node_id for c in ranked] == ["n1", "n2"]  # joined without spaces, found all the same
+
+
+def test_an_english_source_beside_the_question_term_leads_by_two_words_a_few_other_messages_hold() -> None:
+    """ "The invoice merge is behind ff_async_export" names its link in plain words: "invoice merge", held
+    by the source and the one message saying whose work it is, leads there."""
+    path = path_of(
+        "Who built the feature behind ff_async_export?",
+        "The invoice merge is behind ff_async_export.",
+        "The invoice merge is Ines's work.",
+        "The tenant switcher is behind ff_refund_wizard.",
+        "We merge invoices nightly, the invoice run is slow.",
+    )
+    texts = lowered_texts(path)
+    ranked = [Candidate("n1", 1.0, views=["m"])]
+    asked = "who built the feature behind ff_async_export?"
+    named = leads(asked, ["ff_async_export"], ranked, path, positions_of(path), texts)
+    assert list(named) == ["invoice merge"] and named["invoice merge"].node_id == "n1"
+    hits = [IndexHit("n2", "c", "m", 2, DAY, 1.0), IndexHit("n4", "c", "m", 4, DAY, 0.5)]
+    follow(hits, named, ranked, path, positions_of(path), set(), texts, {})
+    assert [c.node_id for c in ranked] == ["n1", "n2"]  # "invoice run" and "merge invoices" hold no pair
+    # Without a term of the question to stand beside, two words of a chat are no link.
+    alone = [Candidate("n1", 1.0, views=["m"])]
+    assert leads(asked, [], alone, path, positions_of(path), texts) == {}
+
+
+def test_word_pairs_skip_function_words_the_questions_words_punctuation_and_common_or_lone_pairs() -> None:
+    texts = ["usage alerts fire", "the usage alerts page", *(["queue depth spikes"] * 9), "tax preview"]
+    asked = "who owns the usage dashboard?"
+    assert word_pairs("queue depth and the usage alerts, tax preview", asked, texts) == []
+    assert word_pairs("the tax, preview of usage alerts", "who?", texts) == ["usage alerts"]
+    assert word_pairs("(queue depth) with usage alerts", "who?", [*texts, "(queue depth"]) == ["usage alerts"]
 
 
 def test_no_leads_from_candidates_only_a_neighbour_ranked() -> None:

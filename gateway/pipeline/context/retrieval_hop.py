@@ -47,6 +47,20 @@ HOP_TERMS = 4  # leads searched at most: a query of more finds messages holding 
 PHRASE = 4
 CJK_LEADS = 2
 _CJK_STRETCH = re.compile(f"[{CJK}]{{{PHRASE},}}")
+# In English the same link is two plain words beside the question's term ("The invoice merge is behind
+# ff_async_export" -> "The invoice merge is Ines's work"): pairs of words next to each other, neither a
+# function word nor the question's, held by a few messages (only where the question names a term: without
+# one, any two words of a chat are a pair).
+_PLAIN = re.compile(r"[a-z]{3,}")
+_EDGES = "\"'()[]{},;:!?.\u201c\u201d\u2018\u2019"
+_FUNCTION_WORDS_TEXT = (
+    "the and but not for nor yet with from into onto over under about after before behind between through "
+    "this that these those there here then than when what which who whom whose where why how its our your "
+    "their his her them they she him you are was were been being has have had does did can could will would "
+    "shall should may might must also just only still all any each every some more most much many such own "
+    "same other via per out off now new old"
+)
+_FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 # Sentences and lines; a CJK full stop ends a sentence with no space after it.
 _PIECES = re.compile(r"(?<=[.!?;])\s+|(?<=[\u3002\uff01\uff1f\uff1b])|\n+")
 
@@ -123,13 +137,20 @@ def leads(
     named: dict[str, Candidate] = {}
     names: set[str] = set()
     phrases: dict[str, Candidate] = {}
+    pairs: list[tuple[str, Candidate]] = []  # English pairs of words, with their sources
     whole: list[str] = []  # every message's text, read once, on first need
+    lowered: list[str] = []  # the same in lower case, for the pairs
     said_by: list[tuple[int, Candidate, list[str]]] = []  # (order, source, its terms)
 
     def path_texts() -> list[str]:
         if not whole:
             whole.extend(message_text(item.message) for item in path)
         return whole
+
+    def lowered_texts() -> list[str]:
+        if not lowered:
+            lowered.extend(text.lower() for text in path_texts())
+        return lowered
 
     for order, source in enumerate(sources):
         said = linking(message_text(path[positions[source.node_id]].message), matched_terms)
@@ -142,6 +163,8 @@ def leads(
         said_by.append((order, source, here))
         if order < HOP_FROM and _CJK_STRETCH.search(said):  # each is counted over the whole path
             phrases |= {p: source for p in cjk_phrases(said.lower(), asked, path_texts()) if p not in phrases}
+        elif order < HOP_FROM and matched_terms:
+            pairs += [(p, source) for p in word_pairs(said.lower(), asked, lowered_texts())]
     unnamed: set[str] = set()
     if candidates := names & {t for _, _, here in said_by for t in here}:
         # A capitalised word the path also says in lower case, or capitalises only where a sentence or
@@ -160,6 +183,11 @@ def leads(
     for _, _, term, source in sorted(weighed, key=lambda w: (-w[0], w[1])):
         named.setdefault(term, source)
     ordered = {t: named[t] for t in sorted(named, key=names.__contains__)}
+    if not ordered:
+        # Pairs of words lead only where nothing is named: beside a host, the finds of "cron move" that
+        # said "runs" went before the host's region (styles-ops-en, right after, BENCHMARKS.md).
+        for pair, source in pairs:
+            ordered.setdefault(pair, source)
     return dict(list({**ordered, **phrases}.items())[:HOP_TERMS])
 
 
@@ -212,6 +240,30 @@ def cjk_phrases(said: str, asked: str, path_texts: list[str]) -> list[str]:
         return []
     held = {p: sum(p in text for text in path_texts) for p in pieces}
     # Held by the source itself and at least one other message, and by few.
+    rare = sorted((n, p) for p, n in held.items() if 2 <= n <= HOP_COMMON + 1)
+    return [p for _, p in rare[:CJK_LEADS]]
+
+
+def word_pairs(said: str, asked: str, path_texts: list[str]) -> list[str]:
+    """The rarest CJK_LEADS pairs of plain words next to each other in `said` (lower case), neither a
+    function word nor a word of the question, that 2 to HOP_COMMON + 1 messages of the path (`path_texts`,
+    lower case) hold: the source itself and a few others."""
+    pairs: set[str] = set()
+    previous = ""
+    for raw in said.split():
+        word = raw.strip(_EDGES)
+        plain = (
+            _PLAIN.fullmatch(word) is not None
+            and word not in _FUNCTION_WORDS
+            and not contains_term(asked, word)
+        )
+        if plain and previous and raw.startswith(word):
+            pairs.add(f"{previous} {word}")
+        # Punctuation ends the run: "merge, the queue" pairs nothing across the comma.
+        previous = word if plain and raw.endswith(word) else ""
+    if not pairs:
+        return []
+    held = {p: sum(p in text and contains_term(text, p) for text in path_texts) for p in pairs}
     rare = sorted((n, p) for p, n in held.items() if 2 <= n <= HOP_COMMON + 1)
     return [p for _, p in rare[:CJK_LEADS]]
 
