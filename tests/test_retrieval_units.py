@@ -262,6 +262,22 @@ def test_word_pairs_skip_function_words_the_questions_words_punctuation_and_comm
     assert word_pairs("(queue depth) with usage alerts", "who?", [*texts, "(queue depth"]) == ["usage alerts"]
 
 
+def test_without_terms_a_turn_asking_the_question_again_leads_nowhere_and_statements_lead() -> None:
+    """The turn that asked the same question before shares most of its words, but only a statement
+    names a link: "pg-archive", not the "search-edge" asked about beside it."""
+    path = path_of(
+        "Where did we land on search-edge caching? Also, which Postgres version runs the database that "
+        "holds documents?",
+        "pg-archive runs Postgres 16.2.",
+        "The documents table is in pg-archive.",
+    )
+    texts = lowered_texts(path)
+    ranked = [Candidate("n0", 1.0, views=["k"]), Candidate("n1", 0.5, views=["k"])]
+    asked = "which postgres version runs the database that holds documents?"
+    named = leads(asked, [], ranked, path, positions_of(path), texts)
+    assert list(named) == ["pg-archive"] and named["pg-archive"].node_id == "n1"
+
+
 def test_no_leads_from_candidates_only_a_neighbour_ranked() -> None:
     path = path_of("etl-07 is the host", "ok")
     texts = {"n0": "etl-07 is the host", "n1": "ok"}

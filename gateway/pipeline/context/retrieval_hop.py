@@ -62,6 +62,7 @@ _FUNCTION_WORDS_TEXT = (
 )
 _FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 # Sentences and lines; a CJK full stop ends a sentence with no space after it.
+_QUESTION_MARKS = ("?", "\uff1f")
 _PIECES = re.compile(r"(?<=[.!?;])\s+|(?<=[\u3002\uff01\uff1f\uff1b])|\n+")
 
 
@@ -130,10 +131,12 @@ def leads(
     own = [c for c in searched if any(states(texts[c.node_id], t) for t in matched_terms)]
     words = topic(asked, tuple(matched_terms))
     pool = (own or searched)[:HOP_POOL]
-    sources = sorted(pool, key=lambda c: -shared_words(texts[c.node_id], words))  # stable
     # Read beside the question's terms, every source of the pool may hold the link; without terms, the
-    # whole of the best HOP_FROM is read.
-    sources = sources if matched_terms else sources[:HOP_FROM]
+    # statements of the best HOP_FROM are read (a turn that asked the question again shares most words).
+    if matched_terms:
+        sources = sorted(pool, key=lambda c: -shared_words(texts[c.node_id], words))  # stable
+    else:
+        sources = sorted(pool, key=lambda c: -shared_words(statements(texts[c.node_id]), words))[:HOP_FROM]
     named: dict[str, Candidate] = {}
     names: set[str] = set()
     phrases: dict[str, Candidate] = {}
@@ -222,9 +225,15 @@ def linking(said: str, terms: list[str]) -> str:
     none): a link is stated beside the name it links from ("Root cause of INC-4666: shipment-svc."),
     where a table's DDL or a log names a dozen identifiers that lead nowhere in particular."""
     if not terms:
-        return said
+        return statements(said)
     pieces = [p for p in _PIECES.split(said) if any(contains_term(p.lower(), t) for t in terms)]
     return "\n".join(pieces) or said
+
+
+def statements(said: str) -> str:
+    """`said` without its questions: a turn asking what is asked again ("Also, which Postgres version
+    runs the database that holds documents?") names what it was asked beside, not the answer."""
+    return "\n".join(p for p in _PIECES.split(said) if not p.rstrip().endswith(_QUESTION_MARKS))
 
 
 def cjk_phrases(said: str, asked: str, path_texts: list[str]) -> list[str]:
