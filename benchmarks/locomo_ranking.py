@@ -54,8 +54,8 @@ def capture(keep: Path, data: Path, at_once: bool = False, conversations: int = 
     find, search, groups = section._find, section._search, section._groups
     last: dict[str, Any] = {}
 
-    async def hooked_search(self: Any, query: Any, other: Any, early: Any = None) -> Any:
-        out = await search(self, query, other, early)
+    async def hooked_search(self: Any, query: Any, other: Any, early: Any = None, keywords: Any = ()) -> Any:
+        out = await search(self, query, other, early, keywords)
         last["result"] = out[0]
         return out
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gateway.pipeline.context.question import (
     _WORD_CHAR,
+    acronyms,
     analyse,
     contains_term,
     exact_terms,
@@ -59,6 +60,16 @@ def test_exact_terms_are_identifiers_numbers_and_quotes() -> None:
     assert "why" not in terms and "port" not in terms
     assert "the old cache" in exact_terms("What did 'the old cache' do?")
     assert "the old cache" in exact_terms("What did \u2018the old cache\u2019 do?")
+
+
+def test_a_phrase_of_three_to_five_words_or_parts_gives_its_initials() -> None:
+    assert "dlq" in acronyms("What concerns were raised about dropping the dead-letter queue of ledgerd?")
+    assert acronyms("What is the time to live of the cache?") == ("ttl",)  # one small word inside
+    assert "dlq" in analyse("去掉 courier 的 dead letter queue 有哪些风险？", NOW).acronyms
+    # Never across punctuation or CJK text, never from the words of asking, never a word it says.
+    assert acronyms("Which one: dead, letter, queue?") == ()
+    assert acronyms("What activities does Melanie partake in?") == ()
+    assert "cat" not in acronyms("Is the cat a tenant here, cat?")
 
 
 def test_apostrophes_are_no_quotes() -> None:

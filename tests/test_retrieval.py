@@ -296,6 +296,34 @@ def test_a_hop_follows_a_feature_named_in_plain_words_beside_the_flag_the_questi
     assert retrieval["hop"] == ["invoice merge"]
 
 
+def test_a_phrase_of_the_question_is_found_where_the_chat_writes_its_acronym(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """Asked about dropping the dead-letter queue, the turn that says "killing the DLQ" is found among
+    turns about dropping other queues' retries, and the report names the acronym."""
+    gateway = gateway_with(make_gateway, upstream, context={"budget_tokens": 600})
+    others = [
+        {"role": "user", "content": f"Concerns were raised about dropping the {kind} queue's retries."}
+        for kind in ("export", "search", "login", "billing", "upload", "audit", "report", "backup")
+    ]
+    history = [
+        {
+            "role": "user",
+            "content": "Yuki raised another worry about killing the DLQ: poison messages block.",
+        },
+        {"role": "assistant", "content": "Noted."},
+        *filler(40),
+        *[m for o in others for m in (o, {"role": "assistant", "content": "Fair point, noted."})],
+        *filler(60, offset=3),
+        {"role": "user", "content": "Thanks, that is all for now."},
+    ]
+    context, retrieval = indexed_then_asked(
+        gateway, upstream, history, "What concerns were raised about dropping the dead-letter queue?"
+    )
+    assert "killing the DLQ" in context
+    assert retrieval["acronyms"] == ["dlq"]
+
+
 def test_a_question_about_one_person_of_a_transcript_gets_that_ones_own_turns_alone(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:

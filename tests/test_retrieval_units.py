@@ -17,6 +17,7 @@ from gateway.pipeline.context.ranking import (
     RRF_K,
     SPEAKER_WEIGHT,
     Candidate,
+    acronyms_held,
     boost,
     favour_speaker,
     fuse,
@@ -81,6 +82,18 @@ def test_a_term_weighs_less_the_more_candidates_hold_it_and_an_absent_one_not_at
 
 def test_a_term_inside_another_token_is_not_held() -> None:
     assert term_weights(("10",), {"a": "in 2010 we moved"}) == {}
+
+
+def test_an_acronym_is_held_only_where_a_candidate_writes_it_in_capitals() -> None:
+    raw = {
+        "n0": "Yuki raised another worry about killing the DLQ: poison messages block the partition.",
+        "n1": "the dlq folder, in lower case",
+        "n2": "RPS",
+    }
+    texts = {n: text.lower() for n, text in raw.items()}
+    assert acronyms_held(["dlq", "rps", "ttl"], texts, raw.__getitem__) == ["dlq", "rps"]
+    assert acronyms_held(["dlq"], {"n1": texts["n1"]}, raw.__getitem__) == []
+    assert acronyms_held(["dl"], texts, raw.__getitem__) == []  # inside "DLQ" is no whole token
 
 
 def test_boost_adds_terms_and_recency_then_sorts_best_first() -> None:

@@ -179,6 +179,7 @@ class QuestionFacts:
     terms: tuple[str, ...]  # exact terms to look for verbatim (lower-cased)
     asks_why: bool = False  # asks for a reason ("why", "what was the reason", "为什么", "왜")
     asks_current: bool = False  # asks where something stands now ("current", "end up with", "目前")
+    acronyms: tuple[str, ...] = ()  # what its phrases would be written as in capitals ("dlq")
 
 
 def analyse(question: str, now: datetime) -> QuestionFacts:
@@ -191,6 +192,7 @@ def analyse(question: str, now: datetime) -> QuestionFacts:
         terms=exact_terms(question),
         asks_why=_WHY.search(lowered) is not None,
         asks_current=_CURRENT.search(lowered) is not None,
+        acronyms=acronyms(question),
     )
 
 
@@ -369,3 +371,31 @@ def shared_words(text: str, words: frozenset[str]) -> int:
     # A three-letter word ("log", "fix") is found by the first three letters of a longer one.
     stems = {w[:_STEM] for w in found} | {w[:3] for w in found}
     return sum(w in stems or (len(w) == 2 and w in text) for w in words)
+
+
+# Latin words joined by spaces or hyphens only: an acronym's letters never cross punctuation or CJK text.
+_LATIN_PHRASE = re.compile(r"[A-Za-z]+(?:[ \t-]+[A-Za-z]+)*")
+# Written inside an acronym's phrase and sometimes lettered ("time to live": TTL), never first or last.
+_GLUE = frozenset(["of", "to", "in", "on", "for", "and", "a", "an", "by", "at", "as"])
+_ACRONYM_WORDS = (3, 5)
+
+
+def acronyms(question: str) -> tuple[str, ...]:
+    """The initials (lower case) of each stretch of 3 to 5 words and hyphenated parts of the question
+    that neither starts nor ends with a small word nor holds more than one, nor a word of asking: "dead-
+    letter queue" -> "dlq", said in a chat as "killing the DLQ". Most are no acronym at all; only those
+    the conversation writes in capitals count (`ranking.acronyms_held`)."""
+    lowest, highest = _ACRONYM_WORDS
+    found: dict[str, None] = {}
+    for phrase in _LATIN_PHRASE.finditer(question):
+        pieces = re.split(r"[ \t-]+", phrase.group(0).lower())
+        for start in range(len(pieces)):
+            for end in range(start + lowest, min(start + highest, len(pieces)) + 1):
+                window = pieces[start:end]
+                if window[0] in _GLUE or window[-1] in _GLUE or sum(w in _GLUE for w in window) > 1:
+                    continue
+                if any(w in _ASKING for w in window):
+                    continue
+                found.setdefault("".join(w[0] for w in window), None)
+    words = set(_WORD.findall(question.lower()))
+    return tuple(a for a in found if a not in words)

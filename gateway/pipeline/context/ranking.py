@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -108,6 +108,19 @@ def term_weights(terms: Iterable[str], texts: dict[str, str]) -> dict[str, float
     return {
         t: 2.0 / RRF_K * min(1.0, RARE_TERM / holding[t]) for t in sorted(t for t, n in holding.items() if n)
     }
+
+
+def acronyms_held(acronyms: Iterable[str], texts: dict[str, str], raw: Callable[[str], str]) -> list[str]:
+    """The `acronyms` (lower case) that a candidate writes in capitals ("killing the DLQ"): `texts` the
+    candidates' lower-cased texts by node, `raw` a node's own text."""
+    return [
+        a
+        for a in acronyms
+        if any(
+            a in text and contains_term(text, a) and contains_term(raw(n), a.upper())
+            for n, text in texts.items()
+        )
+    ]
 
 
 def boost(

@@ -37,7 +37,7 @@ from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, com
 from gateway.pipeline.context.retrieval_groups import Group, groups_of, other_group
 from gateway.pipeline.context.retrieval_memo import MessageMemo
 from gateway.pipeline.context.retrieval_rank import Found, rank
-from gateway.pipeline.context.retrieval_search import index_backlog, search_both
+from gateway.pipeline.context.retrieval_search import index_backlog, search_both, with_keywords
 from gateway.pipeline.context.retrieval_unindexed import InHand, RankViews, in_hand
 from gateway.pipeline.context.retrieval_window import OLD_COMPARED, old_outranks_window
 from gateway.pipeline.context.section import BuildInput, Proposal
@@ -172,6 +172,9 @@ class RetrievalSection:
         if newest_older < 0 and first_depth <= 0:
             found.detail["skipped"] = "nothing outside the recent window"
             return found
+        if facts.acronyms:  # only those the conversation writes: most initials of a phrase are none
+            written = self._written(facts.acronyms, path)
+            facts = found.facts = replace(facts, acronyms=written)
         time_range = facts.time_range
         query = SearchQuery(
             tenant=build.call.tenant,
@@ -191,7 +194,8 @@ class RetrievalSection:
         if self.rank_views is not None and in_hand(found.backlog, state.appended, len(path)):
             older = newest_older + 1
             hand = InHand(self.rank_views, path, older, first_depth, state.conversation_id, self.clock())
-            result = SearchResult(result.semantic, await hand.joined(query, result.keyword))
+            worded = with_keywords(query, facts.acronyms)
+            result = SearchResult(result.semantic, await hand.joined(worded, result.keyword))
             found.in_hand, found.detail["keyword_in_hand"] = hand, True
         searched = time.perf_counter()
         candidates = fuse(result, self._semantic_weight(question))
@@ -244,7 +248,7 @@ class RetrievalSection:
         async def search() -> None:
             nonlocal outcome
             with contextlib.suppress(StoreError):  # kept out of the task group's ExceptionGroup
-                outcome = await self._search(query, other, state.question)
+                outcome = await self._search(query, other, state.question, found.facts.acronyms)
 
         async def read_backlog() -> None:
             nonlocal backlog
@@ -329,11 +333,15 @@ class RetrievalSection:
         )
 
     async def _search(
-        self, query: SearchQuery, other: SearchQuery | None, early: QuestionVector | None = None
+        self,
+        query: SearchQuery,
+        other: SearchQuery | None,
+        early: QuestionVector | None = None,
+        keywords: tuple[str, ...] = (),
     ) -> tuple[SearchResult, SearchResult | None, float]:
         """`search_both` with this section's index and embedder (a method: benchmarks/locomo_ranking.py
         hooks it)."""
-        return await search_both(self.index, self.embedder, query, other, early)
+        return await search_both(self.index, self.embedder, query, other, early, keywords)
 
     async def _other_groups(
         self, build: BuildInput, result: SearchResult, facts: QuestionFacts, room: int
@@ -395,6 +403,15 @@ class RetrievalSection:
             line_tokens=partial(self._line_tokens, build),
             grouped=self.config.grouped_hits if grouped is None else grouped,
         )
+
+    def _written(self, acronyms: tuple[str, ...], path: list[HistoryItem]) -> tuple[str, ...]:
+        """The `acronyms` some message of `path` writes in capitals."""
+        wanted, seen = set(acronyms), set[str]()
+        for item in path:
+            seen |= self.memo.capitals(item) & wanted
+            if len(seen) == len(wanted):
+                break
+        return tuple(a for a in acronyms if a in seen)
 
     def _lowered(self, item: HistoryItem) -> str:
         return self.memo.lowered(item)

@@ -1,5 +1,6 @@
 """What retrieval keeps per stored message between requests: its text in lower case (for the exact-term
-checks) and the tokens of its line (for fitting the allowance). Stored messages never change and the same
+checks), the words it writes in capitals (the question's acronyms are searched only where the conversation
+writes them) and the tokens of its line (for fitting the allowance). Stored messages never change and the same
 old messages come back request after request, so each is made once. Both maps together hold at most
 `MEMO_BYTES` (texts at their size in memory, each entry's slot and key at `ENTRY_BYTES`), and are
 forgotten all at once when the next entry would pass it.
@@ -7,6 +8,7 @@ forgotten all at once when the next entry would pass it.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -18,6 +20,7 @@ from gateway.text import message_text
 MEMO_BYTES = 16 * 2**20
 # A dict slot, its key (a message id of ~40 characters, or a tuple of two strings) and a small int.
 ENTRY_BYTES = 200
+_CAPITALS = re.compile(r"(?<![\w-])[A-Z]{3,5}(?![\w-])")
 
 
 @dataclass(slots=True)
@@ -27,6 +30,8 @@ class MessageMemo:
     # tokenizer's own cache kept turning over on the old messages retrieval reaches.
     line_tokens: dict[tuple[str, str], int] = field(default_factory=dict)
     lowered_texts: dict[str, str] = field(default_factory=dict)  # message id -> its text in lower case
+    # message id -> the words it writes in capitals, lower-cased ("DLQ" -> "dlq")
+    capitals_of: dict[str, frozenset[str]] = field(default_factory=dict)
     held: int = 0  # bytes counted in both maps
 
     def cache_bytes(self) -> dict[str, int]:
@@ -43,6 +48,18 @@ class MessageMemo:
             self.lowered_texts[item.node_id] = text
             self.held += size
         return text
+
+    def capitals(self, item: HistoryItem) -> frozenset[str]:
+        """The words of three to five capital letters the message writes, lower-cased."""
+        if item.node_id is None:
+            return _capitals(message_text(item.message))
+        found = self.capitals_of.get(item.node_id)
+        if found is None:
+            found = _capitals(message_text(item.message))
+            self._make_room(size := ENTRY_BYTES + 60 * len(found))
+            self.capitals_of[item.node_id] = found
+            self.held += size
+        return found
 
     def item_tokens(self, tokenizer: Tokenizer, item: HistoryItem) -> int:
         """Tokens of one message's line and the line break after it."""
@@ -66,4 +83,9 @@ class MessageMemo:
         if self.held + size > self.limit:
             self.lowered_texts.clear()
             self.line_tokens.clear()
+            self.capitals_of.clear()
             self.held = 0
+
+
+def _capitals(text: str) -> frozenset[str]:
+    return frozenset(word.lower() for word in _CAPITALS.findall(text))

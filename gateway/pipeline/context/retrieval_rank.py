@@ -15,6 +15,7 @@ from gateway.pipeline.context.question import QuestionFacts, topic
 from gateway.pipeline.context.ranking import (
     CURRENT_RECENCY,
     Candidate,
+    acronyms_held,
     boost,
     favour_speaker,
     smoothed,
@@ -25,6 +26,7 @@ from gateway.pipeline.context.retrieval_revision import promote_decisions
 from gateway.pipeline.context.retrieval_unindexed import InHand
 from gateway.ports import JSON, JSONObject
 from gateway.records import IndexBacklog, SearchQuery, SearchResult
+from gateway.text import message_text
 
 OLD_RECENCY = 0.1  # recency's weight for any other question: a tie-breaker
 
@@ -72,8 +74,12 @@ async def rank(
     for hit in (*result.semantic, *result.keyword):
         found.dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
     texts = {c.node_id: lowered(path[positions[c.node_id]]) for c in on_path}
-    weights = term_weights(found.facts.terms, texts)
-    found.matched_terms = list(weights)
+    # A phrase of the question a candidate writes as its acronym weighs as a term of it, but leads no hop.
+    held = acronyms_held(found.facts.acronyms, texts, lambda n: message_text(path[positions[n]].message))
+    weights = term_weights((*found.facts.terms, *held), texts)
+    found.matched_terms = [t for t in weights if t not in held]
+    if held:
+        found.detail["acronyms"] = list[JSON](held)
     # Recency weighs more where the question asks how things stand now (the newest revision answers).
     recency = CURRENT_RECENCY if found.facts.asks_current else OLD_RECENCY
     boost(on_path, texts, weights, positions, len(path), recency)

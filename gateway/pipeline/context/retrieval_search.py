@@ -21,12 +21,15 @@ async def search_both(
     query: SearchQuery,
     other: SearchQuery | None,
     early: QuestionVector | None = None,
+    keywords: tuple[str, ...] = (),
 ) -> tuple[SearchResult, SearchResult | None, float]:
     """Both rankings for this conversation (and the user's others): the keyword searches start at
-    once, the semantic ones as soon as the question is embedded (usually begun as the request
-    arrived: `early`); meanwhile the index prepares the conversation's semantic search. Returns the
-    seconds spent waiting for the embedding too."""
+    once, for the question and `keywords` (words its messages may use instead), the semantic ones as
+    soon as the question alone is embedded (usually begun as the request arrived: `early`); meanwhile
+    the index prepares the conversation's semantic search. Returns the seconds spent waiting for the
+    embedding too."""
     queries = [query] if other is None else [query, other]
+    worded = [with_keywords(q, keywords) for q in queries]
     keyword: list[SearchResult | None] = [None] * len(queries)
     semantic: list[SearchResult | None] = [None] * len(queries)
     failures: list[StoreError] = []
@@ -34,7 +37,7 @@ async def search_both(
 
     async def by_keyword(slot: int) -> None:
         try:
-            keyword[slot] = await index.search(queries[slot])  # vector None: keyword only
+            keyword[slot] = await index.search(worded[slot])  # vector None: keyword only
         except StoreError as exc:  # kept: a task group would wrap it in an ExceptionGroup
             failures.append(exc)
 
@@ -73,6 +76,11 @@ async def search_both(
         )
 
     return merged(0), merged(1) if other is not None else None, embed_seconds
+
+
+def with_keywords(query: SearchQuery, keywords: tuple[str, ...]) -> SearchQuery:
+    """`query` whose text also holds `keywords`, for a keyword search."""
+    return replace(query, text=" ".join((query.text, *keywords))) if keywords else query
 
 
 async def embed_question(
