@@ -1,9 +1,9 @@
 """What retrieval keeps per stored message between requests: its text in lower case (for the exact-term
-checks), the words it writes in capitals (the question's acronyms are searched only where the conversation
-writes them) and the tokens of its line (for fitting the allowance). Stored messages never change and the same
-old messages come back request after request, so each is made once. Both maps together hold at most
-`MEMO_BYTES` (texts at their size in memory, each entry's slot and key at `ENTRY_BYTES`), and are
-forgotten all at once when the next entry would pass it.
+checks), the words it writes in capitals (the question's acronyms are searched only where the
+conversation writes them) and the tokens of its line (for fitting the allowance). Stored messages never
+change and the same old messages come back request after request, so each is made once. The three maps
+together hold at most `MEMO_BYTES` (texts at their size in memory, each entry's slot and key at
+`ENTRY_BYTES`), and are forgotten all at once when the next entry would pass it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from gateway.text import message_text
 MEMO_BYTES = 16 * 2**20
 # A dict slot, its key (a message id of ~40 characters, or a tuple of two strings) and a small int.
 ENTRY_BYTES = 200
+WORD_BYTES = 60  # a short str and its slot in a frozenset
 _CAPITALS = re.compile(r"(?<![\w-])[A-Z]{3,5}(?![\w-])")
 
 
@@ -32,7 +33,7 @@ class MessageMemo:
     lowered_texts: dict[str, str] = field(default_factory=dict)  # message id -> its text in lower case
     # message id -> the words it writes in capitals, lower-cased ("DLQ" -> "dlq")
     capitals_of: dict[str, frozenset[str]] = field(default_factory=dict)
-    held: int = 0  # bytes counted in both maps
+    held: int = 0  # bytes counted in the maps
 
     def cache_bytes(self) -> dict[str, int]:
         return {"retrieval_memo": self.held}
@@ -56,7 +57,7 @@ class MessageMemo:
         found = self.capitals_of.get(item.node_id)
         if found is None:
             found = _capitals(message_text(item.message))
-            self._make_room(size := ENTRY_BYTES + 60 * len(found))
+            self._make_room(size := ENTRY_BYTES + WORD_BYTES * len(found))
             self.capitals_of[item.node_id] = found
             self.held += size
         return found
