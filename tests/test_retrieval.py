@@ -173,6 +173,22 @@ def indexed_then_asked(
     return injected(upstream), report["sections"]["retrieval"]
 
 
+def chained(source: str, link: str, others: list[dict[str, Any]], reply: str) -> list[dict[str, Any]]:
+    """A history stating `source`, later `link`, then `others` (user turns, each answered with `reply`),
+    with everyday exchanges between them."""
+    return [
+        {"role": "user", "content": source},
+        {"role": "assistant", "content": "Noted."},
+        *filler(60),
+        {"role": "user", "content": link},
+        {"role": "assistant", "content": "Good to know."},
+        *filler(30, offset=5),
+        *[m for other in others for m in (other, {"role": "assistant", "content": reply})],
+        *filler(60, offset=3),
+        {"role": "user", "content": "Thanks, that is all for now."},
+    ]
+
+
 def test_a_fact_chained_through_two_turns_is_found_by_a_second_hop(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:
@@ -201,17 +217,12 @@ def test_a_fact_chained_through_two_turns_is_found_by_a_second_hop(
             "invoice",
         )
     ]
-    history = [
-        {"role": "user", "content": "The nightly-export job runs on etl-07 now."},
-        {"role": "assistant", "content": "Noted."},
-        *filler(60),
-        {"role": "user", "content": "Heads up, etl-07 is physically in eu-west-1."},
-        {"role": "assistant", "content": "Good to know."},
-        *filler(30, offset=5),
-        *[m for d in distractors for m in (d, {"role": "assistant", "content": "It depends on the prices."})],
-        *filler(60, offset=3),
-        {"role": "user", "content": "Thanks, that is all for now."},
-    ]
+    history = chained(
+        "The nightly-export job runs on etl-07 now.",
+        "Heads up, etl-07 is physically in eu-west-1.",
+        distractors,
+        "It depends on the prices.",
+    )
     context, retrieval = indexed_then_asked(
         gateway, upstream, history, "In which region is the machine that runs the nightly-export job?"
     )
@@ -277,17 +288,12 @@ def test_a_hop_follows_a_feature_named_in_plain_words_beside_the_flag_the_questi
         {"role": "user", "content": f"Who built the {kind} feature, and is the work behind it done?"}
         for kind in ("export", "search", "login", "billing", "upload", "audit", "report", "backup")
     ]
-    history = [
-        {"role": "user", "content": "The invoice merge is behind ff_async_export."},
-        {"role": "assistant", "content": "Noted."},
-        *filler(60),
-        {"role": "user", "content": "The invoice merge is Ines's work."},
-        {"role": "assistant", "content": "Good to know."},
-        *filler(30, offset=5),
-        *[m for a in asking for m in (a, {"role": "assistant", "content": "Not sure, ask around."})],
-        *filler(60, offset=3),
-        {"role": "user", "content": "Thanks, that is all for now."},
-    ]
+    history = chained(
+        "The invoice merge is behind ff_async_export.",
+        "The invoice merge is Ines's work.",
+        asking,
+        "Not sure, ask around.",
+    )
     context, retrieval = indexed_then_asked(
         gateway, upstream, history, "Who built the feature behind ff_async_export?"
     )

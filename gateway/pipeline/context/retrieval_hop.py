@@ -140,20 +140,15 @@ def leads(
     named: dict[str, Candidate] = {}
     names: set[str] = set()
     phrases: dict[str, Candidate] = {}
-    pairs: list[tuple[str, Candidate]] = []  # English pairs of words, with their sources
+    # English sources that may lead by pairs of words, lower case (read only where nothing is named).
+    unnamed_sources: list[tuple[str, Candidate]] = []
     whole: list[str] = []  # every message's text, read once, on first need
-    lowered: list[str] = []  # the same in lower case, for the pairs
     said_by: list[tuple[int, Candidate, list[str]]] = []  # (order, source, its terms)
 
     def path_texts() -> list[str]:
         if not whole:
             whole.extend(message_text(item.message) for item in path)
         return whole
-
-    def lowered_texts() -> list[str]:
-        if not lowered:
-            lowered.extend(text.lower() for text in path_texts())
-        return lowered
 
     for order, source in enumerate(sources):
         said = linking(message_text(path[positions[source.node_id]].message), matched_terms)
@@ -167,7 +162,7 @@ def leads(
         if order < HOP_FROM and _CJK_STRETCH.search(said):  # each is counted over the whole path
             phrases |= {p: source for p in cjk_phrases(said.lower(), asked, path_texts()) if p not in phrases}
         elif order < HOP_FROM and matched_terms:
-            pairs += [(p, source) for p in word_pairs(said.lower(), asked, lowered_texts())]
+            unnamed_sources.append((said.lower(), source))
     unnamed: set[str] = set()
     if candidates := names & {t for _, _, here in said_by for t in here}:
         # A capitalised word the path also says in lower case, or capitalises only where a sentence or
@@ -186,11 +181,13 @@ def leads(
     for _, _, term, source in sorted(weighed, key=lambda w: (-w[0], w[1])):
         named.setdefault(term, source)
     ordered = {t: named[t] for t in sorted(named, key=names.__contains__)}
-    if not ordered:
+    if not ordered and unnamed_sources:
         # Pairs of words lead only where nothing is named: beside a host, the finds of "cron move" that
         # said "runs" went before the host's region (styles-ops-en, right after, BENCHMARKS.md).
-        for pair, source in pairs:
-            ordered.setdefault(pair, source)
+        lowered = [text.lower() for text in path_texts()]
+        for said, source in unnamed_sources:
+            for pair in word_pairs(said, asked, lowered):
+                ordered.setdefault(pair, source)
     return dict(list({**ordered, **phrases}.items())[:HOP_TERMS])
 
 
