@@ -302,6 +302,41 @@ def test_a_hop_follows_a_feature_named_in_plain_words_beside_the_flag_the_questi
     assert retrieval["hop"] == ["invoice merge"]
 
 
+def test_a_hop_skips_a_repeated_cursor_and_reaches_the_link_past_turns_asking_about_the_lead(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """The endpoint's service is named once; the same example cursor follows the endpoint in turns about
+    paging, and turns that say "codes" elsewhere ask about the service: the cursor leads nowhere, and the
+    statement saying where the service's code lives, beside its name, is found before those turns."""
+    gateway = gateway_with(make_gateway, upstream, context={"budget_tokens": 600})
+    paging = [
+        {
+            "role": "user",
+            "content": f"Should {kind} page with a cursor?\nGET /v1/usage?limit=50&after=eyJpZCI6IDQyfQ",
+        }
+        for kind in ("exports", "search", "logins", "billing", "uploads", "audits", "reports", "backups")
+    ]
+    asking = [
+        {
+            "role": "user",
+            "content": f"We skipped the {kind} error codes last time. Does the changelog hit webhook-relay?",
+        }
+        for kind in ("export", "search", "login", "billing", "upload", "audit", "report", "backup")
+    ]
+    history = chained(
+        "Requests to /v1/usage end up in webhook-relay.",
+        "The code of webhook-relay lives in git/ops-tools, not the monorepo.",
+        [*paging, *asking],
+        "Let me check.",
+    )
+    context, retrieval = indexed_then_asked(
+        gateway, upstream, history, "Which repository holds the code behind /v1/usage?"
+    )
+    assert "Requests to /v1/usage end up in webhook-relay." in context
+    assert "The code of webhook-relay lives in git/ops-tools" in context
+    assert "webhook-relay" in retrieval["hop"] and "eyjpzci6idqyfq" not in retrieval["hop"]
+
+
 def test_a_phrase_of_the_question_is_found_where_the_chat_writes_its_acronym(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:

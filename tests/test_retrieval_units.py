@@ -40,6 +40,7 @@ from gateway.pipeline.context.retrieval_hop import (
     capitalised_inside,
     follow,
     leads,
+    query_value,
     second_hop,
     word_pairs,
 )
@@ -346,6 +347,57 @@ def test_a_hit_that_says_what_was_asked_confirms_the_link_and_lifts_its_source()
         ("n1", pytest.approx(HOP_SHARE * (1 + HOP_SHARE) / 2)),  # below its source, confirmed by then
     ]
     assert source.score == pytest.approx(1.0 + HOP_SHARE)  # once, for the hit that says "disk"
+
+
+def test_a_find_saying_what_was_asked_beside_its_lead_comes_first_and_a_question_about_it_last() -> None:
+    """ "code" in "error codes" is what was asked, but away from otp-sender: that turn comes after the
+    statement saying it beside the lead, though the keyword ranking put it first, and still confirms
+    the source; a turn only asking about the lead states nothing and comes after a bare statement."""
+    path = path_of(
+        "Requests to /v1/tenants/:id end up in otp-sender.",
+        "We skipped the error codes last time. Does the changelog hit otp-sender?",
+        "Does otp-sender need a cursor?",
+        "The code of otp-sender is in git/billing-edge.",
+        "otp-sender restarted at noon.",
+    )
+    source = Candidate("n0", 1.0, views=["m"])
+    ranked = [source]
+    texts = lowered_texts(path)
+    hits = [IndexHit(node_id, "c", "m", 0, DAY, 1.0) for node_id in ("n1", "n2", "n4", "n3")]
+    words = topic("which repository holds the code behind /v1/tenants/:id?", ("v1/tenants/:id",))
+    follow(hits, {"otp-sender": source}, ranked, path, positions_of(path), set(), texts, {}, (words, ()))
+    assert [(c.node_id, c.score) for c in ranked] == [
+        ("n0", pytest.approx(1.0 + HOP_SHARE)),  # confirmed once, by its best find
+        ("n3", pytest.approx(HOP_SHARE)),
+        ("n1", pytest.approx(HOP_SHARE * (1 + HOP_SHARE) / 2)),
+        ("n4", pytest.approx(HOP_SHARE * (1 + HOP_SHARE) / 3)),
+        ("n2", pytest.approx(HOP_SHARE * (1 + HOP_SHARE) / 4)),
+    ]
+
+
+def test_a_url_parameter_s_value_beside_the_question_term_is_no_lead() -> None:
+    """The same example cursor in every answer about pagination is held by many messages, and beside the
+    endpoint asked about: a value, not a thing the chat talks about; the service named there still leads."""
+    example = "GET /v1/payouts?limit=100&after=eyJpZCI6IDQyfQ"
+    path = path_of(
+        f"A cursor pays off when clients page deep.\n{example}",
+        "/v1/payouts is served by courier.",
+        *(f"Offset is fine here.\nGET /v1/refunds?after=eyJpZCI6IDQyfQ&n={i}" for i in range(8)),
+    )
+    texts = lowered_texts(path)
+    ranked = [Candidate(f"n{i}", 1.0 - i / 20, views=["k"]) for i in range(len(path))]
+    named = leads(
+        "which repository holds the code behind /v1/payouts?",
+        ["v1/payouts"],
+        ranked,
+        path,
+        positions_of(path),
+        texts,
+    )
+    assert "eyjpzci6idqyfq" not in named and "courier" not in named  # a plain word: no identifier
+    assert query_value(example, "eyjpzci6idqyfq") and not query_value(
+        "the cursor eyJpZCI6IDQyfQ", "eyjpzci6idqyfq"
+    )
 
 
 def test_leads_are_read_beside_the_question_term_and_a_short_statement_leads_first() -> None:

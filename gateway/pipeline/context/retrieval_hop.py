@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
 
@@ -63,6 +63,7 @@ _FUNCTION_WORDS_TEXT = (
 _FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 # Sentences and lines; a CJK full stop ends a sentence with no space after it.
 _QUESTION_MARKS = ("?", "\uff1f")
+_QUERY_KEY = re.compile(r"[?&][\w.-]+=$")
 _PIECES = re.compile(r"(?<=[.!?;])\s+|(?<=[\u3002\uff01\uff1f\uff1b])|\n+")
 
 
@@ -157,7 +158,14 @@ def leads(
         here = [t for t in named_terms(said) if not _asked(t, asked, matched_terms)]
         # Said all over the conversation (a speaker's name, a word like "keep-alive"): no lead, unless
         # an identifier said beside the question's own term (a service named everywhere is still a link).
-        here = [t for t in here if (matched_terms and t not in its_names) or _count(t, texts) <= HOP_COMMON]
+        # A URL parameter's value ("?after=eyJpZCI6IDQyfQ") is a cursor or a size, repeated in every
+        # example: no link, however close to the question's term.
+        here = [
+            t
+            for t in here
+            if (matched_terms and t not in its_names and not query_value(said, t))
+            or _count(t, texts) <= HOP_COMMON
+        ]
         said_by.append((order, source, here))
         if order < HOP_FROM and _CJK_STRETCH.search(said):  # each is counted over the whole path
             phrases |= {p: source for p in cjk_phrases(said.lower(), asked, path_texts()) if p not in phrases}
@@ -290,9 +298,8 @@ def follow(
     (the question's topic words, its terms) ranks before those that do not and confirms the link: its
     source gains as much as it does."""
     by_node = {c.node_id: c for c in ranked}
-    words, terms = asked
     confirmed: set[str] = set()
-    finds: list[tuple[IndexHit, list[Candidate], bool]] = []
+    finds: list[tuple[IndexHit, list[Candidate], Saying]] = []
     for hit in hits:
         # A message alone: a view with neighbours ranks a run of messages that all name the lead above the
         # one statement that says what the lead is ("etl-07 sits in the eu-west-1 rack").
@@ -301,22 +308,21 @@ def follow(
         text = texts.get(hit.node_id)
         if text is None:
             text = texts[hit.node_id] = message_text(path[positions[hit.node_id]].message).lower()
-        sources_of = [s for t, s in named.items() if _holds(text, t) and s.node_id != hit.node_id]
-        if not sources_of:
+        held = [t for t, s in named.items() if _holds(text, t) and s.node_id != hit.node_id]
+        if not held:
             continue  # matched a piece of a term only ("etl" of "etl-07")
-        says = bool(shared_words(text, words) or any(contains_term(text, t) for t in terms))
-        finds.append((hit, sources_of, says))
+        finds.append((hit, [named[t] for t in held], saying(text, held, asked)))
     # The finds that say what was asked first: a lead named all over the path ("fx-rates") put its one
     # linking statement ("fx-rates 的源码在 git/ledger") tenth among its finds, at a tenth of the share.
-    finds.sort(key=lambda find: not find[2])  # stable: keyword order within each kind
-    for rank, (hit, sources_of, says) in enumerate(finds):
+    finds.sort(key=lambda find: find[2].order)  # stable: keyword order within each kind
+    for rank, (hit, sources_of, said) in enumerate(finds):
         candidate = by_node.get(hit.node_id)
         if candidate is None:
             candidate = by_node[hit.node_id] = Candidate(hit.node_id, created_at=hit.created_at)
             ranked.append(candidate)
         share = HOP_SHARE * max(s.score for s in sources_of) / (1 + rank)
         candidate.score += share
-        if says:
+        if said.whole:
             for source in sources_of:  # once each, for its best confirming find
                 if source.node_id not in confirmed:
                     confirmed.add(source.node_id)
@@ -324,6 +330,43 @@ def follow(
         candidate.views.append(hit.view)
         dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
     ranked.sort(key=lambda c: c.score, reverse=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Saying:
+    """What a find of the second hop says: what was asked, in a statement holding its lead (`beside`) or
+    anywhere in it (`whole`); or only asks about its lead (`asks`: "does it hit otp-sender?")."""
+
+    beside: bool
+    whole: bool
+    asks: bool
+
+    @property
+    def order(self) -> tuple[bool, bool, bool]:
+        """Finds sort by this: saying it beside the lead first, then anywhere, questions last."""
+        return (not self.beside, not self.whole, self.asks)
+
+
+def saying(text: str, leads: list[str], asked: tuple[frozenset[str], tuple[str, ...]]) -> Saying:
+    """What a find's `text` (lower case) holding `leads` says of what was `asked` (topic words, terms).
+    A long turn shares a topic word somewhere ("error codes" for "the code behind") where the one
+    statement of the link does not ("The source of otp-sender is in git/billing-edge"): read beside its
+    lead, that turn says nothing, and the statement comes before it."""
+    words, terms = asked
+
+    def says(part: str) -> bool:
+        return bool(shared_words(part, words) or any(contains_term(part, t) for t in terms))
+
+    pieces = [p for p in _PIECES.split(text) if any(_holds(p, t) for t in leads)] or [text]
+    stated = "\n".join(p for p in pieces if not p.rstrip().endswith(_QUESTION_MARKS))
+    return Saying(beside=bool(stated) and says(stated), whole=says(text), asks=not stated)
+
+
+def query_value(said: str, term: str) -> bool:
+    """Whether `said` writes `term` (lower case) only as a URL query parameter's value ("?after=...")."""
+    lowered = said.lower()
+    spots = [m.start() for m in re.finditer(rf"(?<![\w-]){re.escape(term)}(?![\w-])", lowered)]
+    return bool(spots) and all(_QUERY_KEY.search(lowered, max(0, at - 64), at) for at in spots)
 
 
 def _holds(text: str, term: str) -> bool:
