@@ -88,6 +88,9 @@ class Score:
     # Recall by where in its epoch (design.md section 14) the question was asked: the window's share of
     # its room ("an epoch began" when the question made the window jump; "as sent" for a history that fit).
     phases: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    # Questions whose rebuilding failed, forwarded as the client sent them: their whole history reached
+    # the upstream, so they score as found without any retrieval.
+    failed_open: int = 0
 
 
 def session_date(text: str) -> datetime:
@@ -396,6 +399,12 @@ def report(name: str, score: Score, brief: bool = False) -> dict[str, Any]:
         if not brief
         else f"{name:<22} recall {row['overall']:5.1f} %  ({cats})  tokens mean {row['tokens_mean']:.0f}"
     )
+    if score.failed_open:
+        row["failed_open"] = score.failed_open
+        print(
+            f"{'':<22} WARNING: {score.failed_open} questions failed open (the gateway's log says why) and "
+            "were forwarded with their whole history: this recall is not retrieval's"
+        )
     if brief:
         return row
     row["phases"] = {p: (len(v), 100 * statistics.fmean(v)) for p, v in sorted(score.phases.items())}
@@ -450,8 +459,10 @@ def measure(
                         if args.right_after:
                             clock.now = sample.turns[-1][3] + timedelta(minutes=5)
                             fake.record = True
+                            failed = deps.counters.fail_open
                             with httpx.Client(base_url=gateway.url, timeout=120) as http:
                                 ask(http, fake, sample, histories[sample.sample_id], early, quiet=False)
+                            early.failed_open += deps.counters.fail_open - failed
                             fake.record = False
                     if args.right_after:
                         rows.append(report(f"{name} right after", early))
@@ -469,11 +480,13 @@ def measure(
                     saved.write_text(json.dumps(histories))
                 wait_for_jobs(gateway.url)  # a kept directory may hold jobs a stopped run left queued
                 score = Score()
+                failed = deps.counters.fail_open
                 with httpx.Client(base_url=gateway.url, timeout=120) as http:
                     for sample in samples:
                         # Asked right after the last session ("last week" means the week before it).
                         clock.now = sample.turns[-1][3] + timedelta(minutes=5)
                         ask(http, fake, sample, histories[sample.sample_id], score)
+                score.failed_open = deps.counters.fail_open - failed
                 rows.append(report(name, score))
                 if args.dump:
                     dumped = args.dump.with_name(
