@@ -156,16 +156,7 @@ def leads(
         its_names = capitalised_names(said)
         names.update(its_names)
         here = [t for t in named_terms(said) if not _asked(t, asked, matched_terms)]
-        # Said all over the conversation (a speaker's name, a word like "keep-alive"): no lead, unless
-        # an identifier said beside the question's own term (a service named everywhere is still a link).
-        # A URL parameter's value ("?after=eyJpZCI6IDQyfQ") is a cursor or a size, repeated in every
-        # example: no link, however close to the question's term.
-        here = [
-            t
-            for t in here
-            if (matched_terms and t not in its_names and not query_value(said, t))
-            or _count(t, texts) <= HOP_COMMON
-        ]
+        here = [t for t in here if _rare_or_linked(t, said, its_names, matched_terms, texts)]
         said_by.append((order, source, here))
         if order < HOP_FROM and _CJK_STRETCH.search(said):  # each is counted over the whole path
             phrases |= {p: source for p in cjk_phrases(said.lower(), asked, path_texts()) if p not in phrases}
@@ -202,6 +193,18 @@ def leads(
 # Where a sentence or line starts: after these, past spaces, quotes, brackets and list marks.
 _STARTS = frozenset(".!?:\n\u3002\uff01\uff1f\uff1a")
 _OPENERS = " \t\"'([*->#\u201c\u2018"
+
+
+def _rare_or_linked(
+    term: str, said: str, its_names: tuple[str, ...], matched_terms: list[str], texts: dict[str, str]
+) -> bool:
+    """Whether `term` of a source's `said` may lead. Said all over the conversation (a speaker's name, a
+    word like "keep-alive"): no, unless an identifier said beside the question's own term (a service named
+    everywhere is still a link) other than a URL parameter's value ("?after=eyJpZCI6IDQyfQ": a cursor or a
+    size, repeated in every example)."""
+    if matched_terms and term not in its_names and not query_value(said, term):
+        return True
+    return _count(term, texts) <= HOP_COMMON
 
 
 def capitalised_inside(text: str, name: str) -> bool:
