@@ -352,9 +352,9 @@ class Saying:
 
 def saying(text: str, leads: list[str], asked: tuple[frozenset[str], tuple[str, ...]]) -> Saying:
     """What a find's `text` (lower case) holding `leads` says of what was `asked` (topic words, terms).
-    A long turn shares a topic word somewhere ("error codes" for "the code behind") where the one
-    statement of the link does not ("The source of otp-sender is in git/billing-edge"): read beside its
-    lead, that turn says nothing, and the statement comes before it."""
+    A long turn shares a topic word somewhere ("error codes" for "the code behind") and asks about the
+    lead elsewhere ("does it hit otp-sender?"): "otp-sender's code is in git/billing-edge" says it beside
+    the lead and comes before that turn, which still comes before a statement saying no word of it."""
     words, terms = asked
 
     def says(part: str) -> bool:
