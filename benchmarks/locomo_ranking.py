@@ -82,10 +82,16 @@ def capture(keep: Path, data: Path, at_once: bool = False, conversations: int = 
         allowance: int,
         dates: Any,
         after: int | None = None,
+        grouped: int | None = None,
     ) -> Any:
-        out = groups(self, build, path, positions, ranked, recent, allowance, dates, after)
+        out = groups(self, build, path, positions, ranked, recent, allowance, dates, after, grouped)
         # The builder may propose twice (its second pass): the last proposal is the one sent.
-        records[-1].update(recent=sorted(recent), allowance=allowance, above=list(build.above))
+        records[-1].update(
+            recent=sorted(recent),
+            allowance=allowance,
+            above=list(build.above),
+            ranked=[c.node_id for c in ranked],  # the section's own ranking, hop and boosts included
+        )
         return out
 
     section._find, section._search, section._groups = hooked_find, hooked_search, hooked_groups
