@@ -15,6 +15,7 @@ from gateway.pipeline.context.question import (
     analyse,
     contains_term,
     exact_terms,
+    identifier_words,
     named_terms,
     states,
     time_range_of,
@@ -106,6 +107,22 @@ def test_kebab_case_names_are_exact_terms() -> None:
     assert exact_terms("send an e-mail about the x-ray") == ()
     assert exact_terms("ledger-api里的端口是多少？") == ("ledger-api",)
     assert "k8s-node-12" in exact_terms("what runs on k8s-node-12")
+
+
+def test_a_plain_word_the_conversation_writes_inside_an_identifier_is_a_term() -> None:
+    """The word "payouts" of "which database holds payouts?" is the table a chat writes as /v1/payouts or
+    payouts_external_ref_idx; a word only prose joins with a hyphen, or says alone, is none."""
+    question = "Which Postgres version runs the database that holds payouts?"
+    texts = ["get /v1/payouts?limit=100 returns 100 rows.", "the payouts table is in pg-ledger-2."]
+    assert identifier_words(question, texts, ()) == ("payouts",)
+    assert identifier_words(question, ["create index payouts_external_ref_idx on payouts"], ()) == (
+        "payouts",
+    )
+    assert identifier_words(question, ["the payouts table is in pg-ledger-2. postgres 16 runs it."], ()) == ()
+    assert identifier_words("Where are the pet-friendly parks?", ["a pet-friendly park/cafe"], ()) == ()
+    # Part of a term already, or a question in Chinese (its Latin words are terms): nothing more.
+    assert identifier_words("Where is payouts_idx used?", ["payouts_idx"], ("payouts_idx",)) == ()
+    assert identifier_words("payouts 存在哪个数据库？", ["/v1/payouts"], ("payouts",)) == ()
 
 
 def test_past_pointing_questions() -> None:

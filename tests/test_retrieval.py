@@ -337,6 +337,50 @@ def test_a_hop_skips_a_repeated_cursor_and_reaches_the_link_past_turns_asking_ab
     assert "webhook-relay" in retrieval["hop"] and "eyjpzci6idqyfq" not in retrieval["hop"]
 
 
+def test_a_plain_word_the_chat_writes_inside_an_identifier_is_followed_like_an_identifier(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """The word "payouts" is a plain word of the question and a table of the chat (/v1/payouts): as an exact term
+    of the question it picks out the turn naming the table's database, and the second hop follows that
+    database to its version, past turns saying the question's other words about other databases. Asked
+    as the history arrives (no job runs: ranked by keyword over the history in hand)."""
+    gateway = make_gateway(
+        [
+            tenant(
+                "acme",
+                upstream.base_url,
+                api_keys=[GATEWAY_KEY],
+                context={"budget_tokens": 600},
+                compaction=NO_SUMMARIES,
+            )
+        ],
+        jobs={"workers": 0},
+    )
+    others = [
+        {
+            "role": "user",
+            "content": f"The database pg-{kind} runs Postgres version {n} since the last upgrade.",
+        }
+        for n, kind in enumerate(("exports", "search", "logins", "billing", "uploads", "audits"), start=11)
+    ]
+    history = chained(
+        "The payouts table is in pg-ledger-2.",
+        "pg-ledger-2 is on 13.14 now.",
+        [{"role": "user", "content": "GET /v1/payouts?limit=100 pages by cursor."}, *others],
+        "Noted.",
+    )
+    question = "Which Postgres version runs the database that holds payouts?"
+    raw = say(gateway, [*history, {"role": "user", "content": question}])
+    context = injected(upstream)
+    retrieval = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]["sections"][
+        "retrieval"
+    ]
+    assert retrieval["keyword_in_hand"] is True
+    assert "The payouts table is in pg-ledger-2." in context
+    assert "pg-ledger-2 is on 13.14 now." in context
+    assert retrieval["identifier_words"] == ["payouts"]
+
+
 def test_a_phrase_of_the_question_is_found_where_the_chat_writes_its_acronym(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:

@@ -8,6 +8,7 @@ Pure functions over the question text; the retrieval section turns them into fil
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -214,6 +215,36 @@ def exact_terms(question: str) -> tuple[str, ...]:
         if len(re.sub(r"[\W_]", "", term)) >= 3 and not term.startswith("<"):
             seen.setdefault(term.lower(), None)
     return tuple(seen)
+
+
+# A plain word of an English question (four letters or more) that the conversation writes as a piece of a
+# snake_case, dotted or path identifier ("/v1/payouts", "payouts_external_ref_idx") names a thing there, as
+# a Latin word of a Chinese question does. Hyphens do not count: prose joins words with them
+# ("pet-friendly").
+_PLAIN_WORD = re.compile(r"(?<![\w./:-])[a-z][a-z0-9]{3,}(?![\w/:-]|\.\w)")
+
+
+def identifier_words(question: str, texts: Iterable[str], terms: tuple[str, ...]) -> tuple[str, ...]:
+    """The plain words of `question` (not part of its `terms`) that one of `texts` (lower case) writes
+    inside an identifier: exact terms of the question too (the table "payouts" of "which database holds
+    payouts?")."""
+    if mostly_cjk(question):
+        return ()  # its Latin words are terms already (`exact_terms`)
+    words = [
+        w
+        for w in dict.fromkeys(_PLAIN_WORD.findall(question.lower()))
+        if w not in _ASKING and not any(w in t for t in terms)
+    ]
+    if not words:
+        return ()
+    either = "|".join(words)
+    piece = re.compile(rf"[a-z0-9][_/.]({either})(?![a-z0-9])|(?<![a-z0-9])({either})[_/.][a-z0-9]")
+    found: set[str] = set()
+    for text in texts:
+        found.update(m.group(1) or m.group(2) for m in piece.finditer(text))
+        if len(found) == len(words):
+            break
+    return tuple(w for w in words if w in found)
 
 
 # Capitalised words that start sentences rather than name anyone.

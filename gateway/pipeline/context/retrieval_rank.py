@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from gateway.pipeline.call import HistoryItem
-from gateway.pipeline.context.question import QuestionFacts, topic
+from gateway.pipeline.context.question import QuestionFacts, identifier_words, topic
 from gateway.pipeline.context.ranking import (
     CURRENT_RECENCY,
     Candidate,
@@ -74,9 +74,14 @@ async def rank(
     for hit in (*result.semantic, *result.keyword):
         found.dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
     texts = {c.node_id: lowered(path[positions[c.node_id]]) for c in on_path}
+    # A word of the question the candidates write inside an identifier weighs and leads as its exact terms
+    # do; the topic of a decision keeps it ("the retries we argued about" for "the current retry policy").
+    named = identifier_words(query.text, texts.values(), found.facts.terms)
+    if named:
+        found.detail["identifier_words"] = list[JSON](named)
     # A phrase of the question a candidate writes as its acronym weighs as a term of it, but leads no hop.
     held = acronyms_held(found.facts.acronyms, texts, lambda n: message_text(path[positions[n]].message))
-    weights = term_weights((*found.facts.terms, *held), texts)
+    weights = term_weights((*found.facts.terms, *named, *held), texts)
     found.matched_terms = [t for t in weights if t not in held]
     if held:
         found.detail["acronyms"] = list[JSON](held)
