@@ -137,6 +137,26 @@ def test_an_error_code_500_turns_back_is_retrieved(
 
 
 @BUDGETING_ONLY
+def test_a_request_naming_someone_only_old_messages_mention_gets_those_messages(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    # No question, no past tense, no exact term: the name alone, which the window never says and an old
+    # message does, points back.
+    gateway = gateway_with(make_gateway, upstream)
+    history = [
+        {"role": "user", "content": "Priya from the agency sent the signed lease back on Monday."},
+        {"role": "assistant", "content": "Great, noted."},
+        *filler(120),
+        {"role": "user", "content": "Thanks."},
+    ]
+    injected_text, retrieval = indexed_then_asked(
+        gateway, upstream, history, "Write a two-line thank-you note to Priya."
+    )
+    assert "Priya from the agency sent the signed lease back" in injected_text
+    assert retrieval["why"] == "names only old messages hold"
+
+
+@BUDGETING_ONLY
 def test_a_present_tense_question_whose_name_the_window_says_still_gets_the_old_answer(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:

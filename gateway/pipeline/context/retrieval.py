@@ -31,7 +31,7 @@ import anyio
 from gateway.config import RetrievalConfig
 from gateway.errors import StoreError
 from gateway.pipeline.call import HistoryItem, QuestionVector
-from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term
+from gateway.pipeline.context.question import QuestionFacts, analyse, capitalised_names, contains_term
 from gateway.pipeline.context.ranking import RRF_K, Candidate, fuse
 from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
 from gateway.pipeline.context.retrieval_groups import Group, groups_of, other_group
@@ -112,6 +112,9 @@ class RetrievalSection:
         # question an old message matches better by keyword than the window does.
         window = [self._lowered(item) for item in build.window]
         old_only = [t for t in found.matched_terms if not any(contains_term(text, t) for text in window)]
+        # A name the question says ("between adopting Buddy and Scout") that only old messages hold points
+        # back as such a term does.
+        old_names = [] if old_only else self._old_names(found, _question(build.current), window)
         # A statement in the past tense is no recall.
         asks = _ASKS.search(_question(build.current)) is not None
         past = facts.time_range is not None or (asks and found.best_similarity >= fair)
@@ -120,10 +123,12 @@ class RetrievalSection:
         # Old messages still waiting for their vectors (a long history that just arrived) cannot be
         # scored by meaning: a question is asked over them as if they matched.
         unscored = asks and found.backlog is not None and found.backlog.unembedded > 0
-        if (facts.about_past and past) or old_only or close_question or unscored:
+        if (facts.about_past and past) or old_only or old_names or close_question or unscored:
             found.detail["why"] = (
                 "terms only old messages hold"
                 if old_only
+                else "names only old messages hold"
+                if old_names
                 else (
                     "a question about the past"
                     if facts.about_past and past
@@ -144,6 +149,19 @@ class RetrievalSection:
             "no close match" if found.matched_terms == old_only else "terms in the window"
         )
         return 0
+
+    def _old_names(self, found: Found, question: str, window: list[str]) -> list[str]:
+        """The capitalised names of `question` that no message of `window` (lower case) holds and a
+        candidate found on the path does."""
+        names = [
+            n
+            for n in capitalised_names(question)
+            if n not in found.matched_terms and not any(contains_term(text, n) for text in window)
+        ]
+        if not names:
+            return []
+        held = [self._lowered(found.path[found.positions[c.node_id]]) for c in found.on_path]
+        return [n for n in names if any(n in text and contains_term(text, n) for text in held)]
 
     async def _old_outranks_window(self, found: Found, question: str, window: list[str]) -> bool:
         """Whether an old message holds more of the question's words than the window does (keyword
