@@ -120,6 +120,8 @@ def test_a_plain_word_the_conversation_writes_inside_an_identifier_is_a_term() -
     )
     assert identifier_words(question, ["the payouts table is in pg-ledger-2. postgres 16 runs it."], ()) == ()
     assert identifier_words("Where are the pet-friendly parks?", ["a pet-friendly park/cafe"], ()) == ()
+    # Words of the asking are none, wherever a chat writes them ("from_date", "update_at").
+    assert identifier_words("What did we update from there?", ["from_date", "update_at"], ()) == ()
     # Part of a term already, or a question in Chinese (its Latin words are terms): nothing more.
     assert identifier_words("Where is payouts_idx used?", ["payouts_idx"], ("payouts_idx",)) == ()
     assert identifier_words("payouts 存在哪个数据库？", ["/v1/payouts"], ("payouts",)) == ()

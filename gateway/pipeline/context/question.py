@@ -233,7 +233,7 @@ def identifier_words(question: str, texts: Iterable[str], terms: tuple[str, ...]
     words = [
         w
         for w in dict.fromkeys(_PLAIN_WORD.findall(question.lower()))
-        if w not in _ASKING and not any(w in t for t in terms)
+        if w not in _ASKING and w not in _NOT_NAMES and not any(w in t for t in terms)
     ]
     if not words:
         return ()
