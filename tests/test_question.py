@@ -16,6 +16,7 @@ from gateway.pipeline.context.question import (
     contains_term,
     exact_terms,
     identifier_words,
+    inner_names,
     named_terms,
     states,
     time_range_of,
@@ -125,6 +126,13 @@ def test_a_plain_word_the_conversation_writes_inside_an_identifier_is_a_term() -
     # Part of a term already, or a question in Chinese (its Latin words are terms): nothing more.
     assert identifier_words("Where is payouts_idx used?", ["payouts_idx"], ("payouts_idx",)) == ()
     assert identifier_words("payouts 存在哪个数据库？", ["/v1/payouts"], ("payouts",)) == ()
+
+
+def test_a_word_capitalised_only_because_a_sentence_starts_with_it_names_no_one() -> None:
+    assert inner_names("Write a two-line thank-you note to Priya.") == ("priya",)
+    assert inner_names("Explain how this works") == ()
+    assert inner_names('Ok. "Tell Sam" about it? Then ask Wang Fang.') == ("sam", "wang fang")
+    assert inner_names("Priya, can you check?") == ()  # a name that starts the request is missed
 
 
 def test_past_pointing_questions() -> None:

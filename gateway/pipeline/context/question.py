@@ -276,6 +276,18 @@ def capitalised_names(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+# Where a sentence starts, with its opening quotes or brackets: a capital there names no one by itself.
+_SENTENCE_START = re.compile(r"(^|[.!?\n]\s*)([\"'(\[]*)([A-Z])")
+
+
+def inner_names(text: str) -> tuple[str, ...]:
+    """`capitalised_names` of `text` but for words capitalised only because a sentence starts with them
+    ("Write a note to Priya." names "priya", not "write")."""
+    return capitalised_names(
+        _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2) + m.group(3).lower(), text)
+    )
+
+
 def kebab_names(text: str) -> set[str]:
     """The kebab-case names `text` holds ("ledger-api"), a channel's ("#ops-alerts") left out: a
     decision's value, not what it is about."""

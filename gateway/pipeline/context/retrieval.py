@@ -31,7 +31,7 @@ import anyio
 from gateway.config import RetrievalConfig
 from gateway.errors import StoreError
 from gateway.pipeline.call import HistoryItem, QuestionVector
-from gateway.pipeline.context.question import QuestionFacts, analyse, capitalised_names, contains_term
+from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term, inner_names
 from gateway.pipeline.context.ranking import RRF_K, Candidate, fuse
 from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
 from gateway.pipeline.context.retrieval_groups import Group, groups_of, other_group
@@ -112,8 +112,8 @@ class RetrievalSection:
         # question an old message matches better by keyword than the window does.
         window = [self._lowered(item) for item in build.window]
         old_only = [t for t in found.matched_terms if not any(contains_term(text, t) for text in window)]
-        # A name the question says ("between adopting Buddy and Scout") that only old messages hold points
-        # back as such a term does.
+        # A name the question says ("a thank-you note to Priya") that only old messages hold points back as
+        # such a term does.
         old_names = [] if old_only else self._old_names(found, _question(build.current), window)
         # A statement in the past tense is no recall.
         asks = _ASKS.search(_question(build.current)) is not None
@@ -151,11 +151,11 @@ class RetrievalSection:
         return 0
 
     def _old_names(self, found: Found, question: str, window: list[str]) -> list[str]:
-        """The capitalised names of `question` that no message of `window` (lower case) holds and a
-        candidate found on the path does."""
+        """The names of `question` (capitalised, other than where a sentence starts) that no message of
+        `window` (lower case) holds and a candidate found on the path does."""
         names = [
             n
-            for n in capitalised_names(question)
+            for n in inner_names(question)
             if n not in found.matched_terms and not any(contains_term(text, n) for text in window)
         ]
         if not names:
