@@ -612,9 +612,10 @@ def test_each_lead_is_searched_alone_so_a_common_one_does_not_crowd_out_the_othe
     query = SearchQuery(
         "acme", "How many partitions does the topic price-cache consumes from have?", None, 40, "c"
     )
-    searched = asyncio.run(
+    searched, confirmed = asyncio.run(
         second_hop(index, query, ["price-cache"], {}, ranked, path, positions, set(), texts)
     )
+    assert confirmed == 1  # the find saying "partitions" confirms the source
     assert sorted(index.queries) == sorted(searched) == ["email-outbound", "us-west-2"]
     # The statement that says "partitions" ranks first among the finds, right below its source.
     assert [c.node_id for c in ranked[:2]] == ["n0", answer]

@@ -142,6 +142,11 @@ class RetrievalSection:
         if max(found.best_similarity, other_best) >= self.similarity.tail:
             found.detail["why"] = "a close match"
             return self.config.allowance_tokens
+        # "Who is on call for the service behind INC-4666?" with the incident in the window: which service
+        # it was, and who is on call for it, only old messages say.
+        if asks and found.linked:
+            found.detail["why"] = "a link only old messages state"
+            return self.config.allowance_tokens
         if asks and await self._old_outranks_window(found, _question(build.current), window):
             found.detail["why"] = "an old message matches it better than the window"
             return self.config.allowance_tokens

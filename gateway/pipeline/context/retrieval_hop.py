@@ -83,12 +83,12 @@ async def second_hop(
     positions: dict[str, int],
     recent: set[str | None],
     texts: dict[str, str],
-) -> list[str]:
+) -> tuple[list[str], int]:
     """A keyword search for each lead the best matches name (together); re-sorts `ranked` and adds the
-    dates of what it finds to `dates`. Returns the terms searched."""
+    dates of what it finds to `dates`. Returns the terms searched and how many sources a find confirmed."""
     named = leads(query.text.lower(), matched_terms, ranked, path, positions, texts)
     if not named:
-        return []
+        return [], 0
     # The leads alone: with the question's words too, its feature words outranked the short statement
     # that answers it ("发票合并是 Ravi 的活"; design-zh -1.0 at 8,000 tokens, BENCHMARKS.md).
     # One search per lead, their hits interleaved: in one query of four leads, messages naming the common
@@ -108,12 +108,12 @@ async def second_hop(
         for slot, lead in enumerate(named):
             group.start_soon(search, slot, lead)
     if failed:
-        return []  # the first hop's ranking stands
+        return [], 0  # the first hop's ranking stands
     # A find holding two leads comes once per lead and ranks for each, as the one query's scores summed.
     hits = [hit for row in itertools.zip_longest(*found) for hit in row if hit is not None]
     asked = topic(query.text, tuple(matched_terms)), tuple(matched_terms)
-    follow(hits, named, ranked, path, positions, recent, texts, dates, asked)
-    return list(named)
+    confirmed = follow(hits, named, ranked, path, positions, recent, texts, dates, asked)
+    return list(named), confirmed
 
 
 def leads(
@@ -295,11 +295,11 @@ def follow(
     texts: dict[str, str],
     dates: dict[str, datetime | None],
     asked: tuple[frozenset[str], tuple[str, ...]] = (frozenset(), ()),
-) -> None:
+) -> int:
     """Rank the second search's keyword `hits` that hold a lead into `ranked` (re-sorted), below the
     match that named them; a hit new to the ranking joins it. A hit that also says what was `asked`
     (the question's topic words, its terms) ranks before those that do not and confirms the link: its
-    source gains as much as it does."""
+    source gains as much as it does. Returns how many sources were confirmed."""
     by_node = {c.node_id: c for c in ranked}
     confirmed: set[str] = set()
     finds: list[tuple[IndexHit, list[Candidate], Saying]] = []
@@ -333,6 +333,7 @@ def follow(
         candidate.views.append(hit.view)
         dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
     ranked.sort(key=lambda c: c.score, reverse=True)
+    return len(confirmed)
 
 
 @dataclass(frozen=True, slots=True)

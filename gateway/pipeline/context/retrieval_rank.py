@@ -49,6 +49,8 @@ class Found:
     timings: dict[str, float] = field(default_factory=dict)
     in_hand: InHand | None = None  # the history ranked by keyword in hand, not in the index yet
     backlog: IndexBacklog | None = None  # the conversation's messages waiting for the index (None: none)
+    # The second hop found an old message saying what was asked beside a lead an old match named.
+    linked: bool = False
 
 
 async def rank(
@@ -99,10 +101,13 @@ async def rank(
             found.detail["decisions"] = list[JSON](promoted)
     hopped = time.perf_counter()
     searcher = found.in_hand or index  # the history in hand while the index lacks it
-    hop = await second_hop(
+    hop, confirmed = await second_hop(
         searcher, query, found.matched_terms, found.dates, on_path, path, positions, recent, texts
     )
     if hop:
         found.detail["hop"] = list[JSON](hop)
+    found.linked = confirmed > 0
+    if confirmed:
+        found.detail["hop_confirmed"] = confirmed
     found.timings["hop"] = time.perf_counter() - hopped
     found.on_path = on_path
