@@ -79,11 +79,18 @@ def filler(count: int, offset: int = 0) -> list[dict[str, Any]]:
 
 
 def gateway_with(
-    make_gateway: Callable[..., Gateway], upstream: Upstream, clock: Any = None, **extra: Any
+    make_gateway: Callable[..., Gateway],
+    upstream: Upstream,
+    clock: Any = None,
+    jobs: dict[str, Any] | None = None,
+    **extra: Any,
 ) -> Gateway:
+    """One tenant "acme" (`extra`: its sections); `jobs`: the gateway's jobs section."""
     extra.setdefault("context", SMALL)
     extra.setdefault("compaction", NO_SUMMARIES)
-    return make_gateway([tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY], **extra)], clock=clock)
+    sections = {} if jobs is None else {"jobs": jobs}
+    tenants = [tenant("acme", upstream.base_url, api_keys=[GATEWAY_KEY], **extra)]
+    return make_gateway(tenants, clock=clock, **sections)
 
 
 def injected(upstream: Upstream) -> str:
@@ -400,18 +407,7 @@ def test_a_plain_word_the_chat_writes_inside_an_identifier_is_followed_like_an_i
     of the question it picks out the turn naming the table's database, and the second hop follows that
     database to its version, past turns saying the question's other words about other databases. Asked
     as the history arrives (no job runs: ranked by keyword over the history in hand)."""
-    gateway = make_gateway(
-        [
-            tenant(
-                "acme",
-                upstream.base_url,
-                api_keys=[GATEWAY_KEY],
-                context={"budget_tokens": 600},
-                compaction=NO_SUMMARIES,
-            )
-        ],
-        jobs={"workers": 0},
-    )
+    gateway = gateway_with(make_gateway, upstream, jobs={"workers": 0}, context={"budget_tokens": 600})
     others = [
         {
             "role": "user",

@@ -108,15 +108,17 @@ class RetrievalSection:
         facts = found.facts
         fair = self.similarity.fair
         # What goes in the tail is uncached on every turn it appears (design.md section 14): only for a
-        # question about the past, one naming a term that only old messages hold, a close match, or a
-        # question an old message matches better by keyword than the window does.
+        # question about the past, one naming a term or a name that only old messages hold, a close match,
+        # a link the second hop confirmed in old messages, or a question an old message matches better by
+        # keyword than the window does.
+        question = _question(build.current)
         window = [self._lowered(item) for item in build.window]
         old_only = [t for t in found.matched_terms if not any(contains_term(text, t) for text in window)]
         # A name the question says ("a thank-you note to Priya") that only old messages hold points back as
         # such a term does.
-        old_names = [] if old_only else self._old_names(found, _question(build.current), window)
+        old_names = [] if old_only else self._old_names(found, question, window)
         # A statement in the past tense is no recall.
-        asks = _ASKS.search(_question(build.current)) is not None
+        asks = _ASKS.search(question) is not None
         past = facts.time_range is not None or (asks and found.best_similarity >= fair)
         # A question that old messages answer closely is one about the past too, in any tense.
         close_question = asks and found.best_similarity >= self.similarity.close
@@ -147,7 +149,7 @@ class RetrievalSection:
         if asks and found.linked:
             found.detail["why"] = "a link only old messages state"
             return self.config.allowance_tokens
-        if asks and await self._old_outranks_window(found, _question(build.current), window):
+        if asks and await self._old_outranks_window(found, question, window):
             found.detail["why"] = "an old message matches it better than the window"
             return self.config.allowance_tokens
         found.detail["skipped"] = (
