@@ -150,10 +150,16 @@ class MessageStore(Protocol):
     async def lookup(self, tenant: str, hashes: Sequence[str], external_id: str | None) -> Lookup: ...
 
     async def path(
-        self, tenant: str, node_id: str, newest_tokens: int | None = None, newest_messages: int | None = None
+        self,
+        tenant: str,
+        node_id: str,
+        newest_tokens: int | None = None,
+        newest_messages: int | None = None,
+        through_depth: int | None = None,
     ) -> list[StoredMessage]:
         """Root-to-node path, oldest first; with `newest_tokens`, only the newest messages that cover at
-        least that many tokens; with `newest_messages`, at most that many (the node included)."""
+        least that many tokens; with `newest_messages`, at most that many (the node included); with
+        `through_depth`, none deeper than that (a stretch read from its older end)."""
         ...
 
     async def append(self, request: AppendRequest) -> str:

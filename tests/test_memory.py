@@ -17,6 +17,8 @@ from sqlalchemy import create_engine, text
 
 from gateway.adapters.lance_memories import LanceMemoryVectors
 from gateway.fakes.openai_upstream import Reply, ToolCall
+from gateway.jobs import extract_memory
+from gateway.jobs.extract_memory import READ_STEP
 from gateway.memory.prompts import EXTRACT_MARKER
 from gateway.wiring import memory_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
@@ -645,9 +647,12 @@ def test_after_a_regenerated_answer_only_the_new_turns_are_read(
     assert contents(remembering) == ["I also grow tomatoes.", "I keep bees in my garden."]
 
 
+@pytest.mark.parametrize("step", [READ_STEP, 3])
 def test_a_long_history_arriving_in_one_request_is_learnt_in_bounded_calls(
-    upstream: Upstream, make_gateway: Callable[..., Gateway]
+    upstream: Upstream, make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch, step: int
 ) -> None:
+    # With a small step each job reads its turns in several stretches from the cursor on.
+    monkeypatch.setattr(extract_memory, "READ_STEP", step)
     memory = {**MEMORY, "extract_max_turns": 4, "profile": False}
     gateway = make_gateway([tenant("acme", upstream.base_url, memory=memory)], jobs=JOBS)
     history: list[Any] = []

@@ -84,6 +84,24 @@ def test_append_lookup_path_and_lossless_content(store: SqlStore) -> None:
     asyncio.run(scenario())
 
 
+def test_a_stretch_of_a_path_is_read_from_its_older_end(store: SqlStore) -> None:
+    async def scenario() -> None:
+        messages = chain(*({"role": "user", "content": f"m{i}"} for i in range(10)))
+        await store.append(AppendRequest("acme", None, "u1", None, tuple(messages)))
+        leaf = messages[-1].id
+
+        async def read(newest: int | None, through: int | None) -> list[str]:
+            path = await store.path("acme", leaf, newest_messages=newest, through_depth=through)
+            return [m.data["content"] for m in path]
+
+        assert await read(None, 2) == ["m0", "m1", "m2"]
+        assert await read(7, 5) == ["m3", "m4", "m5"]  # depths 3 to 5: past the older 3, through 5
+        assert await read(7, None) == [f"m{i}" for i in range(3, 10)]
+        assert await read(None, 9) == await read(None, None)
+
+    asyncio.run(scenario())
+
+
 def test_same_node_is_stored_once_even_when_requests_race(store: SqlStore) -> None:
     async def scenario() -> None:
         first = chain({"role": "user", "content": "hi"})

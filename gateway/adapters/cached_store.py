@@ -67,9 +67,14 @@ class CachedMessageStore:
         return Lookup(found.conversation, {**nodes, **found.nodes})
 
     async def path(
-        self, tenant: str, node_id: str, newest_tokens: int | None = None, newest_messages: int | None = None
+        self,
+        tenant: str,
+        node_id: str,
+        newest_tokens: int | None = None,
+        newest_messages: int | None = None,
+        through_depth: int | None = None,
     ) -> list[StoredMessage]:
-        path = await self.inner.path(tenant, node_id, newest_tokens, newest_messages)
+        path = await self.inner.path(tenant, node_id, newest_tokens, newest_messages, through_depth)
         for message in path:
             self._put(tenant, message.node)
         return path

@@ -34,6 +34,9 @@ _INJECTED = re.compile(r"<gateway_context>.*?(?:</gateway_context>|$)", re.DOTAL
 CONTEXT_CHARS = 400  # of the assistant message before a turn: enough to resolve "yes, that one"
 TURN_CHARS = 4_000  # of one user turn (a pasted log says little about the user)
 BATCH_CHARS = 24_000  # of all turns in one call: a small cheap model's context holds it
+# Messages read at a time from the cursor on: a job reads what its turns need, not the whole path (a
+# 2,500-message history sent at once was read whole once per job, ~60 times: BENCHMARKS.md, issue 28).
+READ_STEP = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +115,15 @@ class ExtractMemoryHandler:
         conversation = await self.store.get_conversation(job.tenant, work.conversation_id)
         if conversation is None or conversation.last_message_id is None:
             return  # deleted meanwhile
-        path = await self.store.path(job.tenant, conversation.last_message_id)
         cursor = work.after or await self.memories.cursor(job.tenant, work.conversation_id)
-        start = await self._start(job.tenant, path, cursor, target.config.extract_max_turns)
-        turns, end = user_turns(path, start, target.config.extract_max_turns)
+        limit = target.config.extract_max_turns
+        unread = await self._unread(job.tenant, conversation.last_message_id, cursor, limit)
+        if unread is not None:
+            path, start, rest = unread
+        else:  # the cursor is on another branch (or gone): the whole path, to find where they part
+            path = await self.store.path(job.tenant, conversation.last_message_id)
+            start, rest = await self._start(job.tenant, path, cursor, limit), False
+        turns, end = user_turns(path, start, limit)
         if end < start:
             return
         # Each author's turns are learnt for that author (a shared conversation has several).
@@ -133,11 +141,39 @@ class ExtractMemoryHandler:
             await self._learn(job.tenant, work, author, by_author[author], target, cursor_after)
         latest = await self.store.get_conversation(job.tenant, work.conversation_id)
         grown = latest is not None and latest.last_message_id != conversation.last_message_id
-        if end < len(path) - 1 or grown:
+        if end < len(path) - 1 or rest or grown:
             # A long backlog, or turns that arrived while this job ran (their own enqueue found it
             # pending): the rest in a job of its own.
             after = MemoryWork(work.conversation_id, work.user_id, work.scope, work.model, path[end].node.id)
             await self.queue.enqueue(after.job(job.tenant))
+
+    async def _unread(
+        self, tenant: str, leaf_id: str, cursor: str | None, limit: int
+    ) -> tuple[list[StoredMessage], int, bool] | None:
+        """The leaf's path from the cursor on (the cursor first), read READ_STEP messages at a time until
+        it holds more than `limit` user turns: the messages, where the unread ones start, and whether
+        the path goes on past them. None when the cursor is not on the leaf's path."""
+        leaf = await self.store.path(tenant, leaf_id, newest_messages=1)
+        at = await self.store.path(tenant, cursor, newest_messages=1) if cursor is not None else []
+        if not leaf or (cursor is not None and not at):
+            return None
+        depth = leaf[-1].node.depth
+        below = at[-1].node.depth - 1 if at else -1
+        read: list[StoredMessage] = []
+        users = 0
+        while below < depth and users <= limit:
+            through = min(below + READ_STEP, depth)
+            part = await self.store.path(
+                tenant, leaf_id, newest_messages=depth - below, through_depth=through
+            )
+            if not part or part[0].node.depth != below + 1:
+                return None  # the path changed under this read (a deletion): read it whole
+            read += part
+            users += sum(m.node.role == "user" for m in part)
+            below = through
+        if cursor is not None and (not read or read[0].node.id != cursor):
+            return None
+        return read, 0 if cursor is None else 1, below < depth
 
     async def _start(self, tenant: str, path: Sequence[StoredMessage], cursor: str | None, limit: int) -> int:
         """Where reading starts: after the cursor when it is on this path; from the root for a

@@ -32,6 +32,7 @@ from gateway.adapters.sql.store_rows import (
     CONVERSATIONS,
     HOLD_CONVERSATION,
     IN_CHUNK,
+    MAX_DEPTH,
     MESSAGE_COLUMNS,
     MESSAGES,
     NODES_BY_ID,
@@ -113,14 +114,25 @@ class SqlStore:
         return Lookup(conversation, nodes)
 
     async def path(
-        self, tenant: str, node_id: str, newest_tokens: int | None = None, newest_messages: int | None = None
+        self,
+        tenant: str,
+        node_id: str,
+        newest_tokens: int | None = None,
+        newest_messages: int | None = None,
+        through_depth: int | None = None,
     ) -> list[StoredMessage]:
         if "\x00" in node_id:
             return []  # no id holds a NUL (and Postgres refuses one in a query)
-        return await self._run(partial(self._path, tenant, node_id, newest_tokens, newest_messages))
+        read = partial(self._path, tenant, node_id, newest_tokens, newest_messages, through_depth)
+        return await self._run(read)
 
     def _path(
-        self, tenant: str, node_id: str, newest_tokens: int | None, newest_messages: int | None
+        self,
+        tenant: str,
+        node_id: str,
+        newest_tokens: int | None,
+        newest_messages: int | None,
+        through_depth: int | None,
     ) -> list[StoredMessage]:
         with self.engine.connect() as connection:
             floor, min_depth = -1, -1
@@ -132,7 +144,14 @@ class SqlStore:
                     floor = to_node(leaf).path_tokens - newest_tokens
                 if newest_messages is not None:
                     min_depth = to_node(leaf).depth - newest_messages
-            params = {"node_id": node_id, "tenant": tenant, "floor": floor, "min_depth": min_depth}
+            max_depth = MAX_DEPTH if through_depth is None else through_depth
+            params = {
+                "node_id": node_id,
+                "tenant": tenant,
+                "floor": floor,
+                "min_depth": min_depth,
+                "max_depth": max_depth,
+            }
             return [to_message(row) for row in connection.execute(PATH, params)]
 
     async def append(self, request: AppendRequest) -> str:

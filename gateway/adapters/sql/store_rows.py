@@ -58,7 +58,7 @@ CONVERSATION_BY_EXTERNAL = sa_select(CONVERSATIONS).where(
 def _path_statement() -> Select[*tuple[Any, ...]]:
     """Node-to-root walk through `parent_id` (a recursive CTE: one round trip), oldest first. It stops at
     messages whose whole path is at or under `floor` tokens, or at depth `min_depth`, so only the newest
-    stretch is read."""
+    stretch is read; only messages at or above `max_depth` are returned (the walk itself stays in SQL)."""
     ids = (col(MessageRow.id), col(MessageRow.parent_id))
     start = sa_select(*ids).where(
         col(MessageRow.id) == bindparam("node_id"), col(MessageRow.tenant) == bindparam("tenant")
@@ -75,12 +75,13 @@ def _path_statement() -> Select[*tuple[Any, ...]]:
     return (
         sa_select(*MESSAGE_COLUMNS)
         .join(walk, col(MessageRow.id) == walk.c.id)
-        .where(col(MessageRow.tenant) == bindparam("tenant"))
+        .where(col(MessageRow.tenant) == bindparam("tenant"), col(MessageRow.depth) <= bindparam("max_depth"))
         .order_by(col(MessageRow.depth))
     )
 
 
 PATH = _path_statement()
+MAX_DEPTH = 2**31 - 1  # `max_depth` when a whole path is read (the column is a 32-bit integer on Postgres)
 # Locks an existing conversation's row for the rest of the transaction (a concurrent DELETE waits, or
 # has already removed it: no row).
 HOLD_CONVERSATION = (
