@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -17,6 +17,9 @@ from gateway.adapters.sql import migrations
 from gateway.adapters.sql.memories import SqlMemoryStore
 from gateway.adapters.sql.store import SqlStore, build_engine
 from gateway.errors import StoreError
+from gateway.fakes.embedder import HashingEmbedder
+from gateway.fakes.memory_vectors import InMemoryMemoryVectors
+from gateway.memory.prompts import Candidate, Turn
 from gateway.memory.records import (
     ACTIVE,
     DELETED,
@@ -26,6 +29,8 @@ from gateway.memory.records import (
     MemoryFilter,
     MemorySource,
 )
+from gateway.memory.replies import Decision
+from gateway.memory.resolve import Resolver
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -550,3 +555,24 @@ def test_what_was_learnt_from_a_conversation_deleted_meanwhile_is_not_kept(
         assert await store.cursor("acme", conv("c1")) is None
 
     asyncio.run(scenario())
+
+
+def test_a_batch_saying_one_thing_twice_in_other_words_adds_it_once(store: SqlMemoryStore) -> None:
+    """The resolver's in-batch duplicates: the same words in another order (one vector) are one memory,
+    unless their numbers differ; nothing stored is near, so the rest are added without asking."""
+
+    async def undecided(pairs: Sequence[tuple[Candidate, Sequence[Memory]]]) -> list[Decision]:
+        raise AssertionError(f"nothing stored is near, yet asked about {pairs}")
+
+    said = [
+        "I drink green tea every morning.",
+        "Every morning I drink green tea.",
+        "My sister lives in Porto.",
+        "I swim 2 times a week.",
+        "I swim 3 times a week.",
+    ]
+    turn = Turn(1, new_id(), conv("c1"), " ".join(said), T0)
+    batch = [Candidate(text, "preference", (), 0.9, None, turn) for text in said]
+    resolver = Resolver(store, InMemoryMemoryVectors(), HashingEmbedder())
+    out = asyncio.run(resolver.resolve("acme", "u1", "project-a", batch, undecided, T0))
+    assert [m.content for m in out.added] == [said[0], said[2], said[3], said[4]]

@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+import numpy as np
+
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.prompts import Candidate
 from gateway.memory.records import (
@@ -129,12 +131,15 @@ class Resolver:
             return out
         vectors = await self.embedder.embed([c.content for c in fresh])
         duplicate, related = self.embedder.similarity.duplicate, self.embedder.similarity.related
+        # Every pair's cosine in one product (unit vectors), not a Python loop per pair on the event loop.
+        units = np.asarray(vectors, dtype=np.float32)
+        cosines = units @ units.T
         pending: list[tuple[Candidate, list[float], list[Memory]]] = []
-        kept: list[tuple[Candidate, list[float]]] = []
-        for candidate, vector in zip(fresh, vectors, strict=True):
-            if any(self._same(candidate, vector, c, v, duplicate) for c, v in kept):
+        kept: list[int] = []
+        for at, (candidate, vector) in enumerate(zip(fresh, vectors, strict=True)):
+            if any(self._same(candidate, fresh[k], float(cosines[at, k]), duplicate) for k in kept):
                 continue  # said twice in this batch, in other words
-            kept.append((candidate, vector))
+            kept.append(at)
             scope = scope_for(candidate, conversation_scope)
             query = MemoryQuery(tenant, user_id, (scope,), candidate.content, vector, NEAREST)
             hits = [h for h in (await self.vectors.search(query)).semantic if h.score >= related]
@@ -160,18 +165,12 @@ class Resolver:
         return out
 
     @staticmethod
-    def _same(
-        candidate: Candidate,
-        vector: list[float],
-        other: Candidate,
-        other_vector: list[float],
-        duplicate: float,
-    ) -> bool:
-        """Two candidates saying the same: as close as duplicates, of one type, with the same numbers and
-        negations (the rule a stored memory is matched by, too)."""
+    def _same(candidate: Candidate, other: Candidate, cosine: float, duplicate: float) -> bool:
+        """Two candidates saying the same: as close as duplicates (their vectors' `cosine`), of one type,
+        with the same numbers and negations (the rule a stored memory is matched by, too)."""
         return (
             candidate.type == other.type
-            and _cosine(vector, other_vector) >= duplicate
+            and cosine >= duplicate
             and same_specifics(candidate.content, other.content)
         )
 
@@ -284,7 +283,3 @@ def same_specifics(a: str, b: str) -> bool:
 
 def _source(candidate: Candidate) -> MemorySource:
     return MemorySource(candidate.turn.message_id, candidate.turn.conversation_id)
-
-
-def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    return sum(x * y for x, y in zip(a, b, strict=True))
