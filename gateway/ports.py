@@ -254,9 +254,10 @@ class JobQueue(Protocol):
         """Record a failed attempt: retried after `retry_in` seconds, or failed for good when None."""
         ...
 
-    async def release(self, job: Job, worker: str) -> bool:
-        """Hand a leased job back unfinished (its worker is shutting down): queued again at once, the
-        attempt not counted. False when the lease was already lost."""
+    async def release(self, job: Job, worker: str, delay_seconds: float = 0.0) -> bool:
+        """Hand a leased job back unfinished (its worker is shutting down, or it waits for other work):
+        queued again after `delay_seconds`, the attempt not counted. False when the lease was already
+        lost."""
         ...
 
     async def counts(self, tenant: str | None = None) -> dict[str, int]:

@@ -23,7 +23,7 @@ from gateway.app import create_app
 from gateway.config import JobsConfig, parse_config
 from gateway.errors import StoreError
 from gateway.fakes.server import BackgroundServer
-from gateway.jobs import WorkerPool, retry_delay
+from gateway.jobs import Postponed, WorkerPool, retry_delay
 from gateway.records import AppendRequest, Job, NewJob, NewMessage, RequestRecord, profile_job, title_job
 from gateway.wiring import build_deps
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, recorded, tenant, wait_for_jobs
@@ -300,6 +300,30 @@ def test_a_failing_handler_is_retried_with_backoff_then_failed(database_url: str
     run(scenario)
 
 
+def test_a_postponed_job_runs_again_after_its_delay_without_counting_an_attempt(database_url: str) -> None:
+    async def scenario() -> None:
+        async with opened(database_url) as queue:
+            times: list[float] = []
+
+            async def waits_once(job: Job) -> None:
+                times.append(time.monotonic())
+                if len(times) == 1:
+                    raise Postponed(0.3, "other work first")
+
+            config = FAST.model_copy(update={"workers": 1, "max_attempts": 1})
+            pool = WorkerPool(queue, {"patient": waits_once}, config)
+            job_id = await queue.enqueue(NewJob("patient", "acme", {"n": 1}))
+            assert job_id is not None
+            async with pool.running():
+                await eventually(lambda: pool.stats.done == 1)
+            assert times[1] - times[0] >= 0.29  # queued again after its delay, not at once
+            assert (pool.stats.postponed, pool.stats.retried, pool.stats.failed) == (1, 0, 0)
+            state = await queue.get(job_id)
+            assert state is not None and (state.status, state.attempts) == ("done", 1)
+
+    run(scenario)
+
+
 def test_a_handler_that_outlives_its_lease_is_stopped_and_retried(database_url: str) -> None:
     async def scenario() -> None:
         async with opened(database_url) as queue:
@@ -484,6 +508,7 @@ def test_the_app_runs_registered_handlers_and_reports_jobs_on_healthz(database_u
         "lost": 0,
         "released": 0,
         "yielded": 0,
+        "postponed": 0,
         "requests_in_hand": 0,
     }
     assert handler.payloads == [7]

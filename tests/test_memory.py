@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, text
 from gateway.adapters.lance_memories import LanceMemoryVectors
 from gateway.fakes.openai_upstream import Reply, ToolCall
 from gateway.jobs import extract_memory
-from gateway.jobs.extract_memory import READ_STEP
+from gateway.jobs.extract_memory import INDEX_FIRST, READ_STEP
 from gateway.memory.prompts import EXTRACT_MARKER
 from gateway.wiring import memory_table
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
@@ -675,6 +675,39 @@ def test_a_long_history_arriving_in_one_request_is_learnt_in_bounded_calls(
     ]
     assert len(extractions) == 4  # 13 turns, at most 4 a call
     assert all(str(r.body["messages"][1]["content"]).count("<turn ") <= 4 for r in extractions)  # type: ignore[index]
+
+
+def test_a_long_history_is_learnt_once_its_index_is_built(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    # More messages than INDEX_FIRST wait for their vectors when the extraction job first runs (it is
+    # queued with no delay): it waits for the index, then learns every turn.
+    memory = {**MEMORY, "extract_max_turns": 100, "profile": False}
+    gateway = make_gateway([tenant("acme", upstream.base_url, memory=memory)], jobs=JOBS)
+    client = gateway.client(default_headers={"X-User-Id": "ana"})
+    client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "I like figs."}]
+    )
+    wait_for_jobs(gateway)
+    assert workers(gateway)["postponed"] == 0  # a chat's own turns never wait
+    history: list[Any] = []
+    for n in range(INDEX_FIRST // 2 + 20):
+        history += [
+            {"role": "user", "content": f"I visited city number {n} last year."},
+            {"role": "assistant", "content": "Nice."},
+        ]
+    history.append({"role": "user", "content": "Thanks."})
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=history)
+    recorded(gateway, raw.headers["x-gateway-request-id"])
+    wait_for_jobs(gateway, timeout=120)
+    assert workers(gateway)["postponed"] >= 1
+    assert len(contents(gateway, limit="500")) == INDEX_FIRST // 2 + 20 + 1
+
+
+def workers(gateway: Gateway) -> dict[str, Any]:
+    health = httpx.get(f"{gateway.server.url}/healthz").json()
+    counts: dict[str, Any] = health["workers"]
+    return counts
 
 
 def test_memory_is_learnt_and_recalled_through_every_front_door(

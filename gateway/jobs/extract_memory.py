@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 from gateway.config import MemoryConfig
 from gateway.errors import StoreError
+from gateway.jobs.worker import Postponed
 from gateway.memory.llm import CallStats, ask
 from gateway.memory.ports import MemoryStore, MemoryVectors
 from gateway.memory.prompts import Candidate, Turn, extraction_request, resolution_request
@@ -25,7 +26,15 @@ from gateway.memory.records import USER_SCOPE, Memory, MemoryChanges
 from gateway.memory.replies import Decision, candidates, decisions
 from gateway.memory.resolve import Resolver
 from gateway.ports import Embedder, JobQueue, MessageStore, Upstream
-from gateway.records import Job, MemoryWork, StoredMessage, profile_job
+from gateway.records import (
+    EMBED,
+    IndexBacklog,
+    Job,
+    MemoryWork,
+    StoredMessage,
+    embed_key_prefix,
+    profile_job,
+)
 from gateway.text import message_text
 
 log = logging.getLogger(__name__)
@@ -37,6 +46,10 @@ BATCH_CHARS = 24_000  # of all turns in one call: a small cheap model's context 
 # Messages read at a time from the cursor on: a job reads what its turns need, not the whole path (a
 # 2,500-message history sent at once was read whole once per job, ~60 times: BENCHMARKS.md, issue 28).
 READ_STEP = 200
+# A conversation with more messages than this waiting for their vectors (a history sent at once) is
+# learnt once they have them, looked at again every INDEX_WAIT_SECONDS; a chat's own turns never wait.
+INDEX_FIRST = 200
+INDEX_WAIT_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +128,7 @@ class ExtractMemoryHandler:
         conversation = await self.store.get_conversation(job.tenant, work.conversation_id)
         if conversation is None or conversation.last_message_id is None:
             return  # deleted meanwhile
+        await self._after_the_index(job.tenant, work.conversation_id)
         cursor = work.after or await self.memories.cursor(job.tenant, work.conversation_id)
         limit = target.config.extract_max_turns
         unread = await self._unread(job.tenant, conversation.last_message_id, cursor, limit)
@@ -146,6 +160,18 @@ class ExtractMemoryHandler:
             # pending): the rest in a job of its own.
             after = MemoryWork(work.conversation_id, work.user_id, work.scope, work.model, path[end].node.id)
             await self.queue.enqueue(after.job(job.tenant))
+
+    async def _after_the_index(self, tenant: str, conversation_id: str) -> None:
+        """Raise Postponed while more than INDEX_FIRST of the conversation's messages wait for their
+        vectors: a history that arrived at once is searched at once, its memories can wait (learnt beside
+        its indexing, they slowed it by a fifth and the requests meanwhile: BENCHMARKS.md, issue 28)."""
+        try:
+            pending = await self.queue.pending(EMBED, embed_key_prefix(conversation_id), tenant)
+        except StoreError:
+            return  # the queue cannot say: learn now
+        waiting = IndexBacklog.of(pending).unembedded
+        if waiting > INDEX_FIRST:
+            raise Postponed(INDEX_WAIT_SECONDS, f"{waiting} messages of the conversation wait for the index")
 
     async def _unread(
         self, tenant: str, leaf_id: str, cursor: str | None, limit: int

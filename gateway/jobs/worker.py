@@ -43,8 +43,17 @@ def retry_delay(config: JobsConfig, attempts: int) -> float:
     return min(config.retry_base_seconds * 2.0 ** min(attempts - 1, _MAX_DOUBLINGS), config.retry_max_seconds)
 
 
-# Told of every run: (kind, outcome: done, retried, failed, lost or released, seconds the handler ran,
-# if it ran to an end).
+class Postponed(Exception):
+    """Raised by a handler whose job should wait for other work: it is queued again after `seconds`,
+    the attempt not counted."""
+
+    def __init__(self, seconds: float, why: str) -> None:
+        super().__init__(why)
+        self.seconds = seconds
+
+
+# Told of every run: (kind, outcome: done, retried, failed, lost, released or postponed, seconds the
+# handler ran, if it ran to an end).
 JobObserver = Callable[[str, str, float | None], None]
 
 
@@ -58,6 +67,7 @@ class WorkerStats:
     lost: int = 0  # finished after the lease had expired and been taken again: the result was dropped
     released: int = 0  # handed back unfinished at shutdown, for another worker to run at once
     yielded: int = 0  # jobs that waited for the requests being worked on before they started
+    postponed: int = 0  # handed back by their handler to wait for other work (a long history's index)
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
@@ -228,6 +238,9 @@ class WorkerPool:
             if self._stopping:
                 await self._release(worker, job)
             raise
+        except Postponed as later:
+            await self._release(worker, job, later)
+            return
         except Exception as exc:  # any handler failure is recorded on the job and retried, never lost
             expired = deadline.expired()
             error = f"timed out after {self.config.lease_seconds:g}s" if expired else _describe(exc)
@@ -244,18 +257,24 @@ class WorkerPool:
                 "job %s (%s) finished after its lease was taken over; result dropped", job.id, job.kind
             )
 
-    async def _release(self, worker: str, job: Job) -> None:
+    async def _release(self, worker: str, job: Job, later: Postponed | None = None) -> None:
         try:
-            released = await self.queue.release(job, worker)
+            released = await self.queue.release(job, worker, later.seconds if later is not None else 0.0)
         except StoreError:
             log.warning(
                 "job %s (%s): could not hand it back; it runs again when its lease ends", job.id, job.kind
             )
             return
-        if released:
-            self.stats.released += 1
-            self._observed(job, "released", None)
-            log.info("job %s (%s) handed back unfinished at shutdown", job.id, job.kind)
+        if not released:
+            return
+        if later is not None:
+            self.stats.postponed += 1
+            self._observed(job, "postponed", None)
+            log.info("job %s (%s) postponed %.0fs: %s", job.id, job.kind, later.seconds, later)
+            return
+        self.stats.released += 1
+        self._observed(job, "released", None)
+        log.info("job %s (%s) handed back unfinished at shutdown", job.id, job.kind)
 
     def _observed(self, job: Job, outcome: str, seconds: float | None) -> None:
         if self._observe is not None:

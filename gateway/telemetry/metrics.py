@@ -110,7 +110,7 @@ class Metrics:
             "to propose its part of a request's context.", ["section"], buckets=_SECTION_BUCKETS, registry=r,
         )  # fmt: skip
         self.job_runs = Counter(
-            "gateway_job_runs", "Background job runs by kind and outcome (done, retried, failed, lost, released; absorbed: folded into a running job of its kind).",
+            "gateway_job_runs", "Background job runs by kind and outcome (done, retried, failed, lost, released, postponed; absorbed: folded into a running job of its kind).",
             ["kind", "outcome"], registry=r,
         )  # fmt: skip
         self.job_seconds = Histogram(

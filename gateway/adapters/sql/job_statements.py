@@ -88,7 +88,7 @@ class Statements:
             .values(
                 status="queued",
                 attempts=JOBS.c.attempts - 1,
-                run_after=now,
+                run_after=clock.after("delay"),
                 lease_owner=None,
                 lease_until=None,
                 updated_at=now,

@@ -158,12 +158,12 @@ class SqlJobQueue:
         }
         await self._run(partial(self._update, self._statements.fail, params))
 
-    async def release(self, job: Job, worker: str) -> bool:
+    async def release(self, job: Job, worker: str, delay_seconds: float = 0.0) -> bool:
         params = {
             "job_id": job.id,
             "worker": worker,
             "attempt": job.attempts,
-            **self._statements.clock.params(),
+            **self._statements.clock.params(delay=delay_seconds),
         }
         return await self._run(partial(self._update, self._statements.release, params)) == 1
 
