@@ -11,8 +11,9 @@ process, on a fake upstream. Per round:
   2. the history (`--messages` turns of the set's conversations, end to end) in one request, then the
      same chat again while the history is indexed, until it is or `--requests` have gone;
   3. `GET /api/conversations/{id}` every 0.5 s: when every message was findable by keyword, by meaning,
-     and with its neighbours' views (those the server reports; before that split, by meaning is all).
-Prints both latency rows (p50, p99) and their ratio, the three times, and the server's resident memory
+     and with its neighbours' views (those the server reports; before that split, by meaning is all);
+  4. the same chat on for `--after` seconds more (the history's memory extraction, summaries).
+Prints the latency rows (p50, p99) and their ratio, the times, and the server's resident memory
 before the history and at its peak (VmHWM: the bulk import's); `--before CHECKOUT` runs the same from
 another checkout in the same session, alternating, `--preload LIB` this tree again with LIB
 preloaded (jemalloc: `/usr/lib/x86_64-linux-gnu/libjemalloc.so.2`), and `--env KEY=VALUE` this tree
@@ -43,6 +44,7 @@ from gateway.fakes.openai_upstream import FakeUpstream  # noqa: E402
 from gateway.fakes.server import BackgroundServer  # noqa: E402
 
 AUTH = {"authorization": f"Bearer {KEY}"}
+SEGMENT = 200  # turns of one chat (the idle phase's length)
 
 
 def chat(
@@ -53,12 +55,16 @@ def chat(
     sent_at: list[float] | None = None,
 ) -> list[float]:
     """Short turns of one chat at `rate` a second; the gateway's own milliseconds for each (and, into
-    `sent_at`, when each was sent)."""
-    messages: list[dict[str, str]] = [{"role": "system", "content": "You are a helpful assistant."}]
+    `sent_at`, when each was sent). Past SEGMENT turns a new chat starts: a request's cost grows with
+    its chat's length, and the phases compare turns of the same lengths."""
+    messages: list[dict[str, str]] = []
     overheads: list[float] = []
     for turn in range(requests):
         if stop is not None and stop.is_set():
             break
+        if turn % SEGMENT == 0:
+            chat_number = f" (chat {turn // SEGMENT})" if turn else ""
+            messages = [{"role": "system", "content": f"You are a helpful assistant{chat_number}."}]
         started = time.perf_counter()
         if sent_at is not None:
             sent_at.append(started)
@@ -122,22 +128,28 @@ def run(
                 busy: list[float] = []
                 sent_at: list[float] = []
                 chatter = threading.Thread(
-                    target=lambda: busy.extend(chat(http, args.rate, args.requests, stop, sent_at))
+                    # Through the indexing and the jobs after it, each phase up to `--requests` or so.
+                    target=lambda: busy.extend(chat(http, args.rate, 3 * args.requests, stop, sent_at))
                 )
                 chatter.start()
                 with httpx.Client(base_url=gateway.url, timeout=60) as watcher:
                     times = watch(watcher, conversation_id, started, args.limit)
+                    indexed = time.perf_counter()
+                    time.sleep(args.after if times else 0)
                 stop.set()
                 chatter.join()
                 peak = memory(gateway.process.pid)["VmHWM"]
         finally:
             gateway.close()
     # The slowest requests while indexing, each with its seconds since the history was sent.
-    slowest = sorted(zip(busy, (at - started for at in sent_at), strict=False), reverse=True)[:5]
+    sent = [at - started for at in sent_at]
+    slowest = sorted(zip(busy, sent, strict=False), reverse=True)[:5]
+    indexing = [ms for ms, at in zip(busy, sent_at, strict=False) if at < indexed]
     return {
         "name": name,
         "idle": idle,
-        "busy": busy,
+        "busy": indexing,
+        "after": [ms for ms, at in zip(busy, sent_at, strict=False) if at >= indexed],
         "times": times,
         "rss": (before, peak),
         "slowest": slowest,
@@ -160,6 +172,9 @@ def main() -> None:
         "--requests", type=int, default=200, help="the other chat's requests per phase at most"
     )
     parser.add_argument("--limit", type=float, default=900, help="seconds to wait for the index")
+    parser.add_argument(
+        "--after", type=float, default=60, help="seconds the other chat goes on once the history is indexed"
+    )
     parser.add_argument("--before", type=Path, help="another checkout, run alternately")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--preload", help="a library for LD_PRELOAD: this tree again with it, alternately")
@@ -191,8 +206,16 @@ def main() -> None:
                 f"RSS before the history {out['rss'][0]:.0f} MB, peak {out['rss'][1]:.0f} MB",
                 flush=True,
             )
+            after = out["after"]
+            if after:
+                print(
+                    f"    the {args.after:.0f} s after indexing: p50 {q(after, 0.5):.1f} p99 "
+                    f"{q(after, 0.99):.1f} ({len(after)}) | p99 ratio {q(after, 0.99) / q(idle, 0.99):.2f}x, "
+                    f"mean {statistics.fmean(after) / statistics.fmean(idle):.2f}x",
+                    flush=True,
+                )
             slowest = ", ".join(f"{ms:.0f} ms at {at:.1f} s" for ms, at in out["slowest"])
-            print(f"    slowest while indexing (since the history was sent): {slowest}", flush=True)
+            print(f"    slowest since the history was sent: {slowest}", flush=True)
 
 
 if __name__ == "__main__":
