@@ -194,11 +194,11 @@ class ExtractMemoryHandler:
             )
             if not part or part[0].node.depth != below + 1:
                 return None  # the path changed under this read (a deletion): read it whole
+            if not read and cursor is not None and part[0].node.id != cursor:
+                return None  # the cursor is on another branch
             read += part
             users += sum(m.node.role == "user" for m in part)
             below = through
-        if cursor is not None and (not read or read[0].node.id != cursor):
-            return None
         return read, 0 if cursor is None else 1, below < depth
 
     async def _start(self, tenant: str, path: Sequence[StoredMessage], cursor: str | None, limit: int) -> int:
