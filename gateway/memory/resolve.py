@@ -141,7 +141,8 @@ class Resolver:
                 continue  # said twice in this batch, in other words
             kept.append(at)
             scope = scope_for(candidate, conversation_scope)
-            query = MemoryQuery(tenant, user_id, (scope,), candidate.content, vector, NEAREST)
+            # By meaning only: a full-text query per candidate whose ranking was never read.
+            query = MemoryQuery(tenant, user_id, (scope,), "", vector, NEAREST)
             hits = [h for h in (await self.vectors.search(query)).semantic if h.score >= related]
             near = {m.id: m for m in await self.memories.many(tenant, [h.memory_id for h in hits])}
             ranked = [(h.score, near[h.memory_id]) for h in hits if h.memory_id in near]
