@@ -104,6 +104,43 @@ def test_postings_never_change_once_built() -> None:
     assert first.extended([]) is first
 
 
+def test_postings_hold_each_rows_counts_and_positions_however_the_rows_arrive() -> None:
+    """A term said twice in a row: one entry for the row, its count 2, both positions in order (a
+    dropped stop word keeps its place); the same rows added one batch at a time give the same postings
+    (the cache grows as the index writes)."""
+    analyzer = Analyzer()
+    docs = [
+        analyzer.terms("retry the retry queue"),
+        analyzer.terms(""),
+        analyzer.terms("queue depth and retry budget"),
+        analyzer.terms("budget queue queue"),
+    ]
+    whole = Postings().extended(docs)
+    retry = whole.terms["retri"]  # stemmed, as the table's index stems
+    assert (retry.rows.tolist(), retry.counts.tolist(), retry.positions.tolist()) == (
+        [0, 2],
+        [2, 1],
+        [0, 2, 3],
+    )
+    queue = whole.terms["queue"]
+    assert (queue.rows.tolist(), queue.counts.tolist(), queue.positions.tolist()) == (
+        [0, 2, 3],
+        [1, 1, 2],
+        [3, 0, 1, 2],
+    )
+    assert whole.lengths.tolist() == [3, 0, 4, 3]
+    pieces = Postings().extended(docs[:1]).extended([]).extended(docs[1:3]).extended(docs[3:])
+    assert pieces.lengths.tolist() == whole.lengths.tolist()
+    assert pieces.terms.keys() == whole.terms.keys()
+    for term, posting in whole.terms.items():
+        held = pieces.terms[term]
+        assert held.rows.tolist() == posting.rows.tolist()
+        assert held.counts.tolist() == posting.counts.tolist()
+        assert held.positions.tolist() == posting.positions.tolist()
+    with pytest.raises(ValueError):
+        Postings().extended([(["queue"], [])])
+
+
 def test_views_of_a_history_in_hand_rank_as_the_index_will_once_it_writes_them() -> None:
     """`ViewRanker` ranks a history the index has not written yet (a long history that just arrived) over
     the same three views a message gets in the index (`jobs.embed.index_rows`), with the same scores."""

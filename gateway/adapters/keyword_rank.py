@@ -179,29 +179,42 @@ class Postings:
         return len(self.lengths)
 
     def extended(self, docs: Iterable[Terms]) -> Postings:
-        """These postings with one more row per item of `docs` (each row's terms), numbered on."""
-        start = self.rows
-        rows: dict[str, list[int]] = {}
-        counts: dict[str, list[int]] = {}
-        positions: dict[str, list[int]] = {}
+        """These postings with one more row per item of `docs` (each row's terms), numbered on. Built with
+        numpy sorts, not per occurrence in Python: a history sent at once adds ~7,500 rows here on a worker
+        thread, and the request path waited for the interpreter meanwhile (BENCHMARKS.md, issue 28)."""
+        words: list[str] = []
+        places: list[int] = []
         lengths: list[int] = []
-        for offset, (doc, at) in enumerate(docs):
+        for doc, at in docs:
+            if len(doc) != len(at):
+                raise ValueError("each term needs its position")
             lengths.append(len(doc))
-            seen: dict[str, list[int]] = {}
-            for term, position in zip(doc, at, strict=True):
-                seen.setdefault(term, []).append(position)
-            for term, where in seen.items():
-                rows.setdefault(term, []).append(start + offset)
-                counts.setdefault(term, []).append(len(where))
-                positions.setdefault(term, []).extend(where)
+            words.extend(doc)
+            places.extend(at)
         if not lengths:
             return self
+        ids: dict[str, int] = {}
+        term_ids = np.fromiter((ids.setdefault(w, len(ids)) for w in words), np.int64, len(words))
+        row_of = np.repeat(np.arange(self.rows, self.rows + len(lengths), dtype=np.int32), lengths)
+        # Stable: within a term, rows stay ascending and each row's positions in their order.
+        order = np.argsort(term_ids, kind="stable")
+        term_ids, row_of = term_ids[order], row_of[order]
+        positions = np.asarray(places, dtype=np.int32)[order]
+        new_term = np.ones(len(order), dtype=np.bool_)
+        new_term[1:] = term_ids[1:] != term_ids[:-1]
+        new_pair = new_term.copy()
+        new_pair[1:] |= row_of[1:] != row_of[:-1]
+        pair_starts = np.flatnonzero(new_pair)
+        pair_rows = row_of[pair_starts]
+        pair_counts = np.diff(np.append(pair_starts, len(order))).astype(np.int32)
+        term_pairs = np.flatnonzero(new_term[pair_starts])  # each term's first pair
+        pair_bounds = np.append(term_pairs, len(pair_starts))
+        place_bounds = np.append(pair_starts[term_pairs], len(order))
         merged = dict(self.terms)
-        for term, at_rows in rows.items():
+        for k, term in enumerate(sorted(ids, key=ids.__getitem__)):
+            a, b = pair_bounds[k], pair_bounds[k + 1]
             posting = Posting(
-                np.asarray(at_rows, dtype=np.int32),
-                np.asarray(counts[term], dtype=np.int32),
-                np.asarray(positions[term], dtype=np.int32),
+                pair_rows[a:b], pair_counts[a:b], positions[place_bounds[k] : place_bounds[k + 1]]
             )
             held = merged.get(term)
             if held is not None:
