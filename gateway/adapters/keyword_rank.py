@@ -213,8 +213,12 @@ class Postings:
         merged = dict(self.terms)
         for k, term in enumerate(sorted(ids, key=ids.__getitem__)):
             a, b = pair_bounds[k], pair_bounds[k + 1]
+            # Copies, not views: a view would keep the whole batch's arrays alive as long as one term of
+            # it is never extended again.
             posting = Posting(
-                pair_rows[a:b], pair_counts[a:b], positions[place_bounds[k] : place_bounds[k + 1]]
+                pair_rows[a:b].copy(),
+                pair_counts[a:b].copy(),
+                positions[place_bounds[k] : place_bounds[k + 1]].copy(),
             )
             held = merged.get(term)
             if held is not None:
