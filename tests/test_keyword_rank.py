@@ -141,6 +141,25 @@ def test_postings_hold_each_rows_counts_and_positions_however_the_rows_arrive() 
         Postings().extended([(["queue"], [])])
 
 
+def test_a_views_terms_made_line_by_line_are_the_terms_of_its_whole_text() -> None:
+    """`view_terms` remembers each line's terms and shifts their positions by the tokens before it: the
+    same terms and positions as `terms` over the whole text (stop words keep their places, CJK spelled
+    as bigrams and characters, empty lines, a line too long to remember), first time and again."""
+    lines = [
+        "Set the retry budget to 3 for the Kafka consumer.",
+        "",
+        cjk_terms("把 price-cache 的副本数改成 2，夜里只跑一个副本"),
+        "| code | http |\n|---|---|\n| not_found | 404 |",
+        "word " * 600,  # longer than the lines remembered
+        "The retry budget is 3 now, not 5.",
+    ]
+    views = ["\n".join(lines[i : i + 3]) for i in range(len(lines) - 2)] + lines
+    analyzer = Analyzer()
+    for _ in range(2):
+        for view in views:
+            assert analyzer.view_terms(view) == Analyzer().terms(view)
+
+
 def test_views_of_a_history_in_hand_rank_as_the_index_will_once_it_writes_them() -> None:
     """`ViewRanker` ranks a history the index has not written yet (a long history that just arrived) over
     the same three views a message gets in the index (`jobs.embed.index_rows`), with the same scores."""

@@ -71,6 +71,10 @@ STOP_WORDS = frozenset([
 ])
 # fmt: on
 _TERM_CACHE = 200_000  # distinct raw tokens whose term is remembered (then forgotten all at once)
+# Lines whose terms `view_terms` remembers (a message's three views are written a few rows apart), and the
+# longest line remembered (a pasted log is analysed each time instead of held).
+CACHED_LINES = 256
+CACHED_LINE_CHARS = 2_000
 
 Ints = npt.NDArray[np.int32]
 Floats = npt.NDArray[np.float32]
@@ -87,20 +91,47 @@ class Analyzer:
     # PyStemmer's stemmers must not be used by two threads at once (rows are read on worker threads).
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    _lines: Callable[[str], tuple[list[str], list[int], int]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._lines = lru_cache(maxsize=CACHED_LINES)(self._counted)
+
     def terms(self, text: str) -> Terms:
         """`text`'s terms, each with its position among the text's tokens (a dropped stop word keeps its
         place, as in the table's index: a phrase around it still matches only where it stood)."""
+        out, at, _ = self._counted(text)
+        return out, at
+
+    def view_terms(self, text: str) -> Terms:
+        """`terms` of a view's text, its messages' texts joined by line breaks, each line analysed once:
+        a message is in up to three views, and a history sent at once brings ~7,500 rows to the vector
+        cache (BENCHMARKS.md, issue 28). No token spans a line break, so the terms are the same."""
+        out: list[str] = []
+        at: list[int] = []
+        offset = 0
+        for line in text.split("\n"):
+            words, places, count = (
+                self._lines(line) if len(line) <= CACHED_LINE_CHARS else self._counted(line)
+            )
+            out.extend(words)
+            at.extend(p + offset for p in places)
+            offset += count
+        return out, at
+
+    def _counted(self, text: str) -> tuple[list[str], list[int], int]:
+        """`terms`, and how many tokens the text has (stop words and overlong ones included)."""
         known = self._terms
         out: list[str] = []
         at: list[int] = []
-        for position, token in enumerate(_TOKEN.findall(text.lower())):
+        tokens = _TOKEN.findall(text.lower())
+        for position, token in enumerate(tokens):
             term = known.get(token, "")
             if term == "":
                 term = self._term(token)
             if term is not None:
                 out.append(term)
                 at.append(position)
-        return out, at
+        return out, at, len(tokens)
 
     def _term(self, token: str) -> str | None:
         if len(token) >= MAX_TOKEN_CHARS:

@@ -140,7 +140,7 @@ class Entry:
             micros=np.concatenate([self.micros, micros]),
             undated=np.concatenate([self.undated, undated]),
             embedded=np.concatenate([embedded, has_vector]),
-            postings=self.postings.extended(analyzer.terms(t or "") for t in texts),
+            postings=self.postings.extended(analyzer.view_terms(t or "") for t in texts),
         )
 
     def _allowed(self, query: SearchQuery) -> npt.NDArray[np.bool_]:
