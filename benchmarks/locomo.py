@@ -11,6 +11,7 @@ the gateway's whole time per question (its `x-gateway-overhead-ms` header) and t
 
     python benchmarks/locomo.py [--data ../shared/locomo/locomo-dev.json] [--budgets 2000,4000,8000]
     python benchmarks/locomo.py --at-once     # each history in one request, as an app joining mid-way
+    python benchmarks/locomo.py --at-once --door messages   # through /v1/messages, Anthropic's blocks
 
 The data is CC BY-NC 4.0: read it from its path, never copy it into this repository.
 """
@@ -35,6 +36,7 @@ from typing import Any
 
 import httpx
 import orjson
+from locomo_doors import DOORS, ChatDoor, Door
 from openai import OpenAI
 
 from gateway.adapters.tiktoken_tokenizer import TiktokenTokenizer
@@ -151,12 +153,16 @@ def load(path: Path) -> list[Sample]:
 
 
 def config(
-    data_dir: Path, upstream_url: str, budget: int, retrieval: bool, tuning: dict[str, Any] | None = None
+    data_dir: Path,
+    upstream: dict[str, Any],
+    budget: int,
+    retrieval: bool,
+    tuning: dict[str, Any] | None = None,
 ) -> Any:
     tenant = {
         "name": "bench",
         "api_keys": [KEY],
-        "upstream": {"base_url": upstream_url, "api_key": "sk-upstream"},
+        "upstream": upstream,
         "context": {"budget_tokens": budget},
         # Summaries carry no verbatim turns, so they cannot count as evidence: measured without them.
         "compaction": {"enabled": False},
@@ -181,9 +187,21 @@ def wait_for_jobs(url: str, timeout: float = 3600.0) -> None:
     raise TimeoutError("background jobs did not finish")
 
 
-def replay(client: OpenAI, fake: FakeUpstream, clock: Clock, sample: Sample) -> list[dict[str, str]]:
+def send(door: Door, url: str, clock: Clock, sample: Sample, at_once: bool) -> list[dict[str, Any]]:
+    """The conversation sent through `door`, at once (the gateway's clock at the end: nothing tells it
+    when the turns were said) or turn by turn (chat completions only); the history as the app then
+    holds it."""
+    if not at_once:
+        assert isinstance(door, ChatDoor), "turn by turn runs through chat completions only"
+        client = OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+        return replay(client, door.fake, clock, sample)
+    clock.now = sample.turns[-1][3]
+    return door.send(url, KEY, [(role, content) for _, role, content, _ in sample.turns], sample.sample_id)
+
+
+def replay(client: OpenAI, fake: FakeUpstream, clock: Clock, sample: Sample) -> list[dict[str, Any]]:
     """Send the conversation turn by turn; returns the full history as the chat app holds it."""
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     for _, role, content, when in sample.turns:
         clock.now = when
         if role == "user" or not messages or messages[-1]["role"] != "user":
@@ -195,21 +213,6 @@ def replay(client: OpenAI, fake: FakeUpstream, clock: Clock, sample: Sample) -> 
         )
         messages.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
     return messages
-
-
-def send_at_once(client: OpenAI, fake: FakeUpstream, clock: Clock, sample: Sample) -> list[dict[str, str]]:
-    """The whole conversation in one request, as a chat app that starts using the gateway mid-way sends
-    it (the gateway's clock at the end: nothing tells it when the turns were said); returns the history
-    as the app then holds it."""
-    messages = [{"role": role, "content": content} for _, role, content, _ in sample.turns]
-    clock.now = sample.turns[-1][3]
-    if messages[-1]["role"] == "assistant":
-        messages.append({"role": "user", "content": "Thanks, talk soon."})
-    fake.enqueue(Reply(content="Talk soon!"))
-    answer = client.chat.completions.create(
-        model="gpt-4o-mini", messages=messages, extra_headers={"X-User-Id": sample.sample_id}
-    )
-    return [*messages, {"role": "assistant", "content": answer.choices[0].message.content or ""}]
 
 
 def request_record(http: httpx.Client, request_id: str, headers: dict[str, str]) -> dict[str, Any]:
@@ -235,9 +238,9 @@ def idle(http: httpx.Client) -> None:
 
 def ask(
     http: httpx.Client,
-    fake: FakeUpstream,
+    door: Door,
     sample: Sample,
-    history: list[dict[str, str]],
+    history: list[dict[str, Any]],
     score: Score,
     quiet: bool = True,
 ) -> None:
@@ -249,12 +252,11 @@ def ask(
     for question, evidence, category in sample.questions:
         if quiet:  # else asked while the history is still being indexed
             idle(http)
-        fake.received.clear()
-        body = {"model": "gpt-4o-mini", "messages": [*history, {"role": "user", "content": question}]}
-        response = http.post("/v1/chat/completions", content=orjson.dumps(body), headers=headers)
+        door.clear()
+        path, body = door.question(history, question)
+        response = http.post(path, content=orjson.dumps(body), headers=headers)
         response.raise_for_status()
-        sent = fake.last_chat().body["messages"]
-        forwarded = "\n".join(str(m.get("content")) for m in sent)
+        forwarded = door.forwarded()
         found = [e for e in evidence if contents[e] in forwarded]
         score.recall[category].append(len(found) / len(evidence))
         score.tokens.append(int(response.headers.get("x-context-tokens-sent", 0)))
@@ -431,39 +433,34 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Replay the samples through the gateway and ask every question, once per variant (`tag`: the
     set's name when several are measured, for its own --keep and --dump paths)."""
-    fake = FakeUpstream()
+    door = DOORS[args.door]()
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp, BackgroundServer(fake.app()) as upstream:
+    with tempfile.TemporaryDirectory() as tmp, BackgroundServer(door.app()) as upstream:
         data_dir = (args.keep / tag if tag and args.keep else args.keep) or Path(tmp)
         data_dir.mkdir(parents=True, exist_ok=True)
-        saved = data_dir / ("sent-at-once.json" if args.at_once else "replayed.json")
-        upstream_url = f"{upstream.url}/v1"
+        through = "" if door.name == "chat" else f"-{door.name}"
+        saved = data_dir / (f"sent-at-once{through}.json" if args.at_once else "replayed.json")
         variants = [(f"budget {b}", b, True) for b in budgets]
         if args.window_only:
             variants += [(f"window only {b}", b, False) for b in budgets]
         clock = Clock()
-        histories: dict[str, list[dict[str, str]]] = json.loads(saved.read_text()) if saved.exists() else {}
+        histories: dict[str, list[dict[str, Any]]] = json.loads(saved.read_text()) if saved.exists() else {}
         for index, (name, budget, retrieval) in enumerate(variants):
-            cfg = config(data_dir, upstream_url, budget, retrieval, tuning)
+            cfg = config(data_dir, door.upstream(upstream.url), budget, retrieval, tuning)
             deps = build_deps(cfg, clock=clock)
             with BackgroundServer(create_app(cfg, deps)) as gateway:
-                client = OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0)
                 if index == 0 and not histories:
-                    fake.record = False
                     started = time.perf_counter()
-                    send = send_at_once if args.at_once else replay
                     early = Score()
                     for sample in samples:
-                        histories[sample.sample_id] = send(client, fake, clock, sample)
+                        histories[sample.sample_id] = send(door, gateway.url, clock, sample, args.at_once)
                         print(f"  sent {sample.sample_id}: {len(sample.turns)} turns", flush=True)
                         if args.right_after:
                             clock.now = sample.turns[-1][3] + timedelta(minutes=5)
-                            fake.record = True
                             failed = deps.counters.fail_open
                             with httpx.Client(base_url=gateway.url, timeout=120) as http:
-                                ask(http, fake, sample, histories[sample.sample_id], early, quiet=False)
+                                ask(http, door, sample, histories[sample.sample_id], early, quiet=False)
                             early.failed_open += deps.counters.fail_open - failed
-                            fake.record = False
                     if args.right_after:
                         rows.append(report(f"{name} right after", early))
                         if args.dump:
@@ -476,7 +473,6 @@ def measure(
                     print(
                         f"  replay {replayed:.0f} s, indexing done after {time.perf_counter() - started:.0f} s"
                     )
-                    fake.record = True
                     saved.write_text(json.dumps(histories))
                 wait_for_jobs(gateway.url)  # a kept directory may hold jobs a stopped run left queued
                 score = Score()
@@ -485,7 +481,7 @@ def measure(
                     for sample in samples:
                         # Asked right after the last session ("last week" means the week before it).
                         clock.now = sample.turns[-1][3] + timedelta(minutes=5)
-                        ask(http, fake, sample, histories[sample.sample_id], score)
+                        ask(http, door, sample, histories[sample.sample_id], score)
                 score.failed_open = deps.counters.fail_open - failed
                 rows.append(report(name, score))
                 if args.dump:
@@ -530,6 +526,13 @@ def main() -> None:
         help="also ask each conversation's questions right after its history arrived, while it is being "
         "indexed (needs a fresh --keep directory; with the first budget)",
     )
+    parser.add_argument(
+        "--door",
+        choices=sorted(DOORS),
+        default="chat",
+        help="the front door histories and questions go through, by the official SDKs (locomo_doors.py; "
+        "messages and responses need --at-once)",
+    )
     parser.add_argument("--json", type=Path, help="write the figures here too")
     parser.add_argument(
         "--dump",
@@ -547,6 +550,8 @@ def main() -> None:
         help="a retrieval setting for every variant, e.g. --set candidates=120 (repeatable)",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.door != "chat" and not args.at_once:
+        parser.error(f"--door {args.door} needs --at-once (turn by turn runs through chat completions only)")
     paths = [Path(p) for item in args.data or [str(DEFAULT_DATA)] for p in item.split(",") if p]
     for path in paths:
         if not path.exists():
