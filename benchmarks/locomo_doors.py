@@ -5,7 +5,8 @@ the gateway through each of its three doors, and what text the fake upstream the
 - messages: `/v1/messages` to an Anthropic upstream, every message's content a list of text blocks, as
   Claude Code sends them; the history by the official `anthropic` SDK;
 - responses: `/v1/responses` to an OpenAI upstream, the history as typed input items (`input_text`,
-  `output_text`); the history by the official `openai` SDK's Responses API.
+  `output_text`); the history by the official `openai` SDK's Responses API. At the default
+  `upstream.responses: chat` the gateway forwards chat completions: what arrived is read either way.
 
 A door keeps the history in its own wire form; questions go as raw JSON on one connection (locomo.py's
 `ask` says why).
@@ -99,7 +100,11 @@ class ChatDoor:
         self.fake.received.clear()
 
     def forwarded(self) -> str:
-        messages = self.fake.last_chat().body["messages"]
+        return self.texts(self.fake.last_chat().body)
+
+    @staticmethod
+    def texts(body: dict[str, Any]) -> str:
+        messages = body["messages"]
         return (
             "\n".join(str(m.get("content")) for m in messages if isinstance(m, dict))
             if isinstance(messages, list)
@@ -196,7 +201,10 @@ class ResponsesDoor:
         self.fake.received.clear()
 
     def forwarded(self) -> str:
-        body = next(r for r in reversed(self.fake.received) if r.path.endswith("/responses")).body
+        last = self.fake.last()
+        if last.path.endswith("/chat/completions"):  # the default upstream.responses: converted
+            return ChatDoor.texts(last.body)
+        body = last.body
         texts = _texts(body.get("instructions"))
         items = body.get("input")
         for item in items if isinstance(items, list) else [items]:
