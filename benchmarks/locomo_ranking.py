@@ -54,8 +54,10 @@ def capture(keep: Path, data: Path, at_once: bool = False, conversations: int = 
     find, search, groups = section._find, section._search, section._groups
     last: dict[str, Any] = {}
 
-    async def hooked_search(self: Any, query: Any, other: Any, early: Any = None, keywords: Any = ()) -> Any:
-        out = await search(self, query, other, early, keywords)
+    async def hooked_search(
+        self: Any, query: Any, other: Any, early: Any = None, keywords: Any = (), meant: str = ""
+    ) -> Any:
+        out = await search(self, query, other, early, keywords, meant)
         last["result"] = out[0]
         return out
 

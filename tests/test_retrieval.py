@@ -593,6 +593,32 @@ def test_a_paraphrase_is_found_by_meaning(upstream: Upstream, make_gateway: Call
     assert report["sections"]["retrieval"]["embedded_early"] is True
 
 
+def test_a_transcripts_participant_is_left_out_of_the_question_searched_by_meaning(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """A label opens every turn of its speaker: by meaning it would match them all alike."""
+    gateway = gateway_with(make_gateway, upstream)
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "Caroline: How was the weekend?"},
+        {"role": "assistant", "content": "Melanie: We painted a sunset over the lake with the kids."},
+    ]
+    for exchange in range(40):
+        turn = filler(1, exchange)
+        history += [
+            {"role": "user", "content": f"Caroline: {turn[0]['content']}"},
+            {"role": "assistant", "content": f"Melanie: {turn[1]['content']}"},
+        ]
+    history.append({"role": "user", "content": "What did Melanie paint with her kids?"})
+    raw = say(gateway, history)
+    retrieval = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]["sections"][
+        "retrieval"
+    ]
+    assert retrieval["meant"] == "What did paint with her kids?"
+    # Begun as the request arrived, from the request's own last messages, and the one the section used.
+    assert retrieval["embedded_early"] is True
+    assert "We painted a sunset" in forwarded(upstream)
+
+
 def test_a_retrieved_group_never_splits_a_tool_exchange(
     upstream: Upstream, make_gateway: Callable[..., Gateway]
 ) -> None:

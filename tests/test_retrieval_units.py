@@ -20,6 +20,7 @@ from gateway.pipeline.context.ranking import (
     acronyms_held,
     boost,
     favour_speaker,
+    for_meaning,
     fuse,
     participants,
     term_weights,
@@ -148,6 +149,25 @@ def test_a_chinese_transcripts_speakers_are_read_with_a_full_width_colon() -> No
     shown = [Candidate(n, 1.0 - i / 100) for i, n in enumerate(texts)]
     assert favour_speaker(shown, texts, "张伟周末做了什么？") == "张伟"
     assert [c.node_id for c in shown][:3] == ["n1", "n3", "n5"]
+
+
+def test_the_search_by_meaning_reads_a_question_without_the_participants_it_names() -> None:
+    said = ["melanie: we went camping", "caroline: so jealous", "melanie: the kids loved it"] * 3
+    assert for_meaning("What activities has Melanie done with her family?", said) == (
+        "What activities has done with her family?"
+    )
+    # Possessives go with the name; both participants go.
+    assert for_meaning("What did Melanie’s kids paint?", said) == "What did kids paint?"
+    assert for_meaning("What are Caroline and Melanie's hobbies?", said) == "What are and hobbies?"
+    # A name that labels no turns, or a question about the person alone, is read as it is.
+    assert for_meaning("What did Priya paint?", said) == "What did Priya paint?"
+    assert for_meaning("Who is Caroline?", said) == "Who is Caroline?"
+    assert (
+        for_meaning("What did Melanie paint?", ["we went camping", "so jealous"]) == "What did Melanie paint?"
+    )
+    # A CJK name is no whole word.
+    chinese = ["李娜：我去游泳了", "张伟：周末去爬山了"] * 3
+    assert for_meaning("张伟周末做了什么？", chinese) == "周末做了什么？"
 
 
 def test_by_keyword_a_message_counts_once_at_its_best_view_by_meaning_every_view_counts() -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from gateway.pipeline.call import ChatCall, QuestionVector
+from gateway.pipeline.context.ranking import READ_FOR_SPEAKERS, for_meaning
 from gateway.pipeline.identify import explicit_identity
 from gateway.ports import ChatPayload, Embedder, JSONObject
 from gateway.text import message_text
@@ -39,9 +40,10 @@ class QuestionPrefetch:
                 return payload  # the whole history is here and fits: the request goes out unchanged
         question = last_question(body)
         if question.strip():
-            future = asyncio.ensure_future(self.embedder.embed_query(question))
+            meant = for_meaning(question, recent_texts(body))  # as the retrieval section will read it
+            future = asyncio.ensure_future(self.embedder.embed_query(meant))
             future.add_done_callback(_consume)
-            call.state.question = QuestionVector(question, future)
+            call.state.question = QuestionVector(meant, future)
         return payload
 
 
@@ -52,6 +54,14 @@ def last_question(body: JSONObject) -> str:
         if isinstance(message, dict) and message.get("role") == "user":
             return message_text(message)
     return ""
+
+
+def recent_texts(body: JSONObject) -> list[str]:
+    """The lower-cased texts of the request's last messages, where a transcript's participants are read
+    from (the retrieval section reads its path's last messages)."""
+    messages = body.get("messages")
+    tail = messages[-READ_FOR_SPEAKERS:] if isinstance(messages, list) else []
+    return [message_text(m).lower() for m in tail if isinstance(m, dict)]
 
 
 def _consume(future: asyncio.Future[list[float]]) -> None:

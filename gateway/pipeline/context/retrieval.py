@@ -32,7 +32,7 @@ from gateway.config import RetrievalConfig
 from gateway.errors import StoreError
 from gateway.pipeline.call import HistoryItem, QuestionVector
 from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term, inner_names
-from gateway.pipeline.context.ranking import RRF_K, Candidate, fuse
+from gateway.pipeline.context.ranking import READ_FOR_SPEAKERS, RRF_K, Candidate, for_meaning, fuse
 from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
 from gateway.pipeline.context.retrieval_groups import Group, groups_of, other_group
 from gateway.pipeline.context.retrieval_memo import MessageMemo
@@ -189,6 +189,8 @@ class RetrievalSection:
             return found
         started = time.perf_counter()
         path, positions, first_depth = _loaded_path(build)
+        # Read from the path's last messages, as the prefetch reads them from the request's.
+        found.meant = for_meaning(question, (self._lowered(item) for item in path[-READ_FOR_SPEAKERS:]))
         # The window's messages and the whole current exchange (a cut agent loop included) are not searched.
         recent = {item.node_id for item in (*build.window, *build.current, *build.system)}
         newest_older = len(path) - 1  # the newest message outside them, walking back from the end
@@ -238,11 +240,13 @@ class RetrievalSection:
                 "about_past": facts.about_past,
                 "terms": list(found.matched_terms),
                 # The question's vector was begun as the request arrived (context/prefetch.py).
-                "embedded_early": state.question is not None and state.question.text == question,
+                "embedded_early": state.question is not None and state.question.text == found.meant,
             }
         )
         if time_range is not None:
             found.detail["time_range"] = time_range.phrase
+        if found.meant != question:
+            found.detail["meant"] = found.meant
         found.timings.update(
             {
                 "embed": embed_seconds,  # waiting for the question's vector; the keyword search runs meanwhile
@@ -273,7 +277,7 @@ class RetrievalSection:
         async def search() -> None:
             nonlocal outcome
             with contextlib.suppress(StoreError):  # kept out of the task group's ExceptionGroup
-                outcome = await self._search(query, other, state.question, found.facts.acronyms)
+                outcome = await self._search(query, other, state.question, found.facts.acronyms, found.meant)
 
         async def read_backlog() -> None:
             nonlocal backlog
@@ -363,10 +367,11 @@ class RetrievalSection:
         other: SearchQuery | None,
         early: QuestionVector | None = None,
         keywords: tuple[str, ...] = (),
+        meant: str = "",
     ) -> tuple[SearchResult, SearchResult | None, float]:
         """`search_both` with this section's index and embedder (a method: benchmarks/locomo_ranking.py
         hooks it)."""
-        return await search_both(self.index, self.embedder, query, other, early, keywords)
+        return await search_both(self.index, self.embedder, query, other, early, keywords, meant)
 
     async def _other_groups(
         self, build: BuildInput, result: SearchResult, facts: QuestionFacts, room: int

@@ -36,6 +36,7 @@ class Found:
     """What planning found, kept for `propose` (positions index `path`)."""
 
     facts: QuestionFacts
+    meant: str = ""  # the question as the search by meaning reads it (`ranking.for_meaning`)
     path: list[HistoryItem] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)
     first_depth: int = 0

@@ -22,11 +22,13 @@ async def search_both(
     other: SearchQuery | None,
     early: QuestionVector | None = None,
     keywords: tuple[str, ...] = (),
+    meant: str = "",
 ) -> tuple[SearchResult, SearchResult | None, float]:
     """Both rankings for this conversation (and the user's others): the keyword searches start at
     once, for the question and `keywords` (words its messages may use instead), the semantic ones as
     soon as the question alone is embedded (usually begun as the request arrived: `early`); meanwhile
-    the index prepares the conversation's semantic search. Returns the seconds spent waiting for the
+    the index prepares the conversation's semantic search, by `meant` where given (the question as the
+    search by meaning reads it: `ranking.for_meaning`). Returns the seconds spent waiting for the
     embedding too."""
     queries = [query] if other is None else [query, other]
     worded = [with_keywords(q, keywords) for q in queries]
@@ -44,7 +46,7 @@ async def search_both(
     async def by_meaning() -> None:
         nonlocal embed_seconds
         started = time.perf_counter()
-        vector = await embed_question(embedder, query.text, early)
+        vector = await embed_question(embedder, meant or query.text, early)
         embed_seconds = time.perf_counter() - started
         if vector is None:
             return
