@@ -71,3 +71,25 @@ def test_a_failed_early_embedding_reaches_whoever_awaits_it() -> None:
     body = {"model": "gpt-4o", "messages": [*filler(10), {"role": "user", "content": QUESTION}]}
     with pytest.raises(EmbeddingError):
         prefetched(body, [], embedder)
+
+
+def test_a_question_naming_a_transcripts_participant_is_embedded_with_and_without_the_name() -> None:
+    embedder = HashingEmbedder()
+    said = [
+        {"role": r, "content": f"{who}: hello"}
+        for r, who in [("user", "Caroline"), ("assistant", "Melanie")] * 8
+    ]
+    question = "Where has Melanie camped?"
+    body = {"model": "gpt-4o", "messages": [*filler(10), *said, {"role": "user", "content": question}]}
+
+    async def main() -> Any:
+        raw = orjson.dumps(body)
+        call = ChatCall("req-1", "acme", body, raw, [], 0.0)
+        await QuestionPrefetch(embedder, budget_tokens=400)(call, ChatPayload(body, raw))
+        early = call.state.question
+        return early.text, early.written.text, await early.future, await early.written.future
+
+    meant, written, vector, whole = asyncio.run(main())
+    assert (meant, written) == ("Where has camped?", question)
+    assert vector == embedder.vector("Where has camped?")
+    assert whole == embedder.vector(question)

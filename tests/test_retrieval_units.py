@@ -45,6 +45,7 @@ from gateway.pipeline.context.retrieval_hop import (
     second_hop,
     word_pairs,
 )
+from gateway.pipeline.context.retrieval_search import blended
 from gateway.pipeline.context.retrieval_window import OLD_COMPARED, old_outranks_window
 from gateway.pipeline.context.tail_lines import lines_of
 from gateway.records import IndexHit, SearchQuery, SearchResult
@@ -168,6 +169,19 @@ def test_the_search_by_meaning_reads_a_question_without_the_participants_it_name
     # A CJK name is no whole word.
     chinese = ["李娜：我去游泳了", "张伟：周末去爬山了"] * 3
     assert for_meaning("张伟周末做了什么？", chinese) == "周末做了什么？"
+
+
+def test_two_rankings_by_meaning_blend_by_reciprocal_rank_each_row_once() -> None:
+    def hit(node_id: str, view: str, cosine: float) -> IndexHit:
+        return IndexHit(node_id, "c", view, 0, DAY, cosine)
+
+    topic = [hit("a", "m", 0.61), hit("b", "m", 0.55), hit("c", "p", 0.50)]
+    named = [hit("c", "p", 0.58), hit("d", "m", 0.57), hit("a", "m", 0.40)]
+    out = blended(topic, named)
+    # "a" and "c", in both, come first; each row comes once, at its higher cosine.
+    assert [(h.node_id, h.view) for h in out] == [("a", "m"), ("c", "p"), ("b", "m"), ("d", "m")]
+    assert [h.score for h in out] == [0.61, 0.58, 0.55, 0.57]
+    assert blended(topic, []) == topic
 
 
 def test_by_keyword_a_message_counts_once_at_its_best_view_by_meaning_every_view_counts() -> None:

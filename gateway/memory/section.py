@@ -190,8 +190,9 @@ class MemorySection:
             return None
         early = build.call.state.question
         try:
-            if early is not None and early.text == question and not early.future.cancelled():
-                return await early.future
+            begun = early.of(question) if early is not None else None
+            if begun is not None:
+                return await begun
             return await self.embedder.embed_query(question)
         except EmbeddingError:
             return None  # keyword search still works

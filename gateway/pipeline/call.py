@@ -27,6 +27,16 @@ class QuestionVector:
 
     text: str
     future: asyncio.Future[list[float]]
+    # The question as written, where `text` leaves out the participants it names (ranking.for_meaning):
+    # both rankings by meaning are searched.
+    written: QuestionVector | None = None
+
+    def of(self, text: str) -> asyncio.Future[list[float]] | None:
+        """The embedding begun for `text` (None: none was, or it was cancelled)."""
+        for vector in (self, self.written):
+            if vector is not None and vector.text == text and not vector.future.cancelled():
+                return vector.future
+        return None
 
 
 @dataclass(frozen=True, slots=True)

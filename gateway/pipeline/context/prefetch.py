@@ -41,10 +41,14 @@ class QuestionPrefetch:
         question = last_question(body)
         if question.strip():
             meant = for_meaning(question, recent_texts(body))  # as the retrieval section will read it
-            future = asyncio.ensure_future(self.embedder.embed_query(meant))
-            future.add_done_callback(_consume)
-            call.state.question = QuestionVector(meant, future)
+            written = None if meant == question else QuestionVector(question, self._embedding(question))
+            call.state.question = QuestionVector(meant, self._embedding(meant), written)
         return payload
+
+    def _embedding(self, text: str) -> asyncio.Future[list[float]]:
+        future = asyncio.ensure_future(self.embedder.embed_query(text))
+        future.add_done_callback(_consume)
+        return future
 
 
 def last_question(body: JSONObject) -> str:

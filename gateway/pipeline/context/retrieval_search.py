@@ -11,8 +11,9 @@ import anyio
 
 from gateway.errors import EmbeddingError, StoreError
 from gateway.pipeline.call import QuestionVector
+from gateway.pipeline.context.ranking import RRF_K
 from gateway.ports import Embedder, JobQueue, VectorIndex
-from gateway.records import EMBED, IndexBacklog, SearchQuery, SearchResult, embed_key_prefix
+from gateway.records import EMBED, IndexBacklog, IndexHit, SearchQuery, SearchResult, embed_key_prefix
 
 
 async def search_both(
@@ -27,9 +28,9 @@ async def search_both(
     """Both rankings for this conversation (and the user's others): the keyword searches start at
     once, for the question and `keywords` (words its messages may use instead), the semantic ones as
     soon as the question alone is embedded (usually begun as the request arrived: `early`); meanwhile
-    the index prepares the conversation's semantic search, by `meant` where given (the question as the
-    search by meaning reads it: `ranking.for_meaning`). Returns the seconds spent waiting for the
-    embedding too."""
+    the index prepares the conversation's semantic search. Where `meant` (the question without the
+    participants it names: `ranking.for_meaning`) differs from the question, both are searched by
+    meaning and their rankings blended. Returns the seconds spent waiting for the embeddings too."""
     queries = [query] if other is None else [query, other]
     worded = [with_keywords(q, keywords) for q in queries]
     keyword: list[SearchResult | None] = [None] * len(queries)
@@ -47,12 +48,19 @@ async def search_both(
         nonlocal embed_seconds
         started = time.perf_counter()
         vector = await embed_question(embedder, meant or query.text, early)
+        written = None
+        if vector is not None and meant and meant != query.text:
+            written = await embed_question(embedder, query.text, early)
         embed_seconds = time.perf_counter() - started
         if vector is None:
             return
         for slot, q in enumerate(queries):
             try:
-                semantic[slot] = await index.search(replace(q, text="", vector=vector))
+                found = await index.search(replace(q, text="", vector=vector))
+                if written is not None:
+                    also = await index.search(replace(q, text="", vector=written))
+                    found = SearchResult(blended(found.semantic, also.semantic), [])
+                semantic[slot] = found
             except StoreError as exc:
                 failures.append(exc)
 
@@ -92,8 +100,9 @@ async def embed_question(
     if embedder is None:
         return None
     try:
-        if early is not None and early.text == question and not early.future.cancelled():
-            return await early.future
+        begun = early.of(question) if early is not None else None
+        if begun is not None:
+            return await begun
         return await embedder.embed_query(question)
     except EmbeddingError:
         return None  # keyword search still works
@@ -109,3 +118,18 @@ async def index_backlog(
         return IndexBacklog.of(await jobs.pending(EMBED, embed_key_prefix(conversation_id), tenant))
     except StoreError:
         return None  # only the report misses it
+
+
+def blended(first: list[IndexHit], second: list[IndexHit]) -> list[IndexHit]:
+    """Two rankings by meaning as one, by reciprocal rank, each row once at its higher cosine. Without
+    the names, the topic ranks (LoCoMo dev's open-domain and temporal questions); with them, the named
+    one's turns about anything (its multi-hop lists at 8,000 tokens): BENCHMARKS.md, session 37."""
+    scores: dict[tuple[str, str], float] = {}
+    best: dict[tuple[str, str], IndexHit] = {}
+    for hits in (first, second):
+        for rank, hit in enumerate(hits):
+            key = (hit.node_id, hit.view)
+            scores[key] = scores.get(key, 0.0) + 1.0 / (RRF_K + rank)
+            if key not in best or hit.score > best[key].score:
+                best[key] = hit
+    return sorted(best.values(), key=lambda h: -scores[(h.node_id, h.view)])
