@@ -44,25 +44,38 @@ async def search_both(
         except StoreError as exc:  # kept: a task group would wrap it in an ExceptionGroup
             failures.append(exc)
 
+    # By meaning: [slot][0] for the question as meant, [slot][1] as written (where they differ).
+    meaning: list[list[SearchResult | None]] = [[None, None] for _ in queries]
+
+    async def search_by(slot: int, which: int, vector: list[float]) -> None:
+        try:
+            meaning[slot][which] = await index.search(replace(queries[slot], text="", vector=vector))
+        except StoreError as exc:
+            failures.append(exc)
+
     async def by_meaning() -> None:
         nonlocal embed_seconds
         started = time.perf_counter()
         vector = await embed_question(embedder, meant or query.text, early)
-        written = None
-        if vector is not None and meant and meant != query.text:
-            written = await embed_question(embedder, query.text, early)
         embed_seconds = time.perf_counter() - started
         if vector is None:
             return
-        for slot, q in enumerate(queries):
-            try:
-                found = await index.search(replace(q, text="", vector=vector))
+        async with anyio.create_task_group() as group:
+            for slot in range(len(queries)):
+                group.start_soon(search_by, slot, 0, vector)
+            if meant and meant != query.text:
+                # The second embedding (begun early too) is awaited while the first searches run.
+                written = await embed_question(embedder, query.text, early)
+                embed_seconds = time.perf_counter() - started
                 if written is not None:
-                    also = await index.search(replace(q, text="", vector=written))
-                    found = SearchResult(blended(found.semantic, also.semantic), [])
-                semantic[slot] = found
-            except StoreError as exc:
-                failures.append(exc)
+                    for slot in range(len(queries)):
+                        group.start_soon(search_by, slot, 1, written)
+        for slot, (found, also) in enumerate(meaning):
+            semantic[slot] = (
+                found
+                if found is None or also is None
+                else SearchResult(blended(found.semantic, also.semantic), [])
+            )
 
     async def prepare() -> None:
         # A failure here shows again in the semantic search that follows, which reports it.
