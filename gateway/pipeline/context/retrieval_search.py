@@ -44,38 +44,9 @@ async def search_both(
         except StoreError as exc:  # kept: a task group would wrap it in an ExceptionGroup
             failures.append(exc)
 
-    # By meaning: [slot][0] for the question as meant, [slot][1] as written (where they differ).
-    meaning: list[list[SearchResult | None]] = [[None, None] for _ in queries]
-
-    async def search_by(slot: int, which: int, vector: list[float]) -> None:
-        try:
-            meaning[slot][which] = await index.search(replace(queries[slot], text="", vector=vector))
-        except StoreError as exc:
-            failures.append(exc)
-
     async def by_meaning() -> None:
         nonlocal embed_seconds
-        started = time.perf_counter()
-        vector = await embed_question(embedder, meant or query.text, early)
-        embed_seconds = time.perf_counter() - started
-        if vector is None:
-            return
-        async with anyio.create_task_group() as group:
-            for slot in range(len(queries)):
-                group.start_soon(search_by, slot, 0, vector)
-            if meant and meant != query.text:
-                # The second embedding (begun early too) is awaited while the first searches run.
-                written = await embed_question(embedder, query.text, early)
-                embed_seconds = time.perf_counter() - started
-                if written is not None:
-                    for slot in range(len(queries)):
-                        group.start_soon(search_by, slot, 1, written)
-        for slot, (found, also) in enumerate(meaning):
-            semantic[slot] = (
-                found
-                if found is None or also is None
-                else SearchResult(blended(found.semantic, also.semantic), [])
-            )
+        embed_seconds = await _by_meaning(index, embedder, queries, semantic, failures, meant, early)
 
     async def prepare() -> None:
         # A failure here shows again in the semantic search that follows, which reports it.
@@ -99,6 +70,49 @@ async def search_both(
         )
 
     return merged(0), merged(1) if other is not None else None, embed_seconds
+
+
+async def _by_meaning(
+    index: VectorIndex,
+    embedder: Embedder | None,
+    queries: list[SearchQuery],
+    semantic: list[SearchResult | None],
+    failures: list[StoreError],
+    meant: str,
+    early: QuestionVector | None,
+) -> float:
+    """`search_both`'s searches by meaning, into `semantic` (failures into `failures`); the seconds
+    spent waiting for the embeddings."""
+    question = queries[0].text
+    # [slot][0] for the question as meant, [slot][1] as written (where they differ).
+    meaning: list[list[SearchResult | None]] = [[None, None] for _ in queries]
+
+    async def search_by(slot: int, which: int, vector: list[float]) -> None:
+        try:
+            meaning[slot][which] = await index.search(replace(queries[slot], text="", vector=vector))
+        except StoreError as exc:  # kept: a task group would wrap it in an ExceptionGroup
+            failures.append(exc)
+
+    started = time.perf_counter()
+    vector = await embed_question(embedder, meant or question, early)
+    embed_seconds = time.perf_counter() - started
+    if vector is None:
+        return embed_seconds
+    async with anyio.create_task_group() as group:
+        for slot in range(len(queries)):
+            group.start_soon(search_by, slot, 0, vector)
+        if meant and meant != question:
+            # The second embedding (begun early too) is awaited while the first searches run.
+            written = await embed_question(embedder, question, early)
+            embed_seconds = time.perf_counter() - started
+            if written is not None:
+                for slot in range(len(queries)):
+                    group.start_soon(search_by, slot, 1, written)
+    for slot, (found, also) in enumerate(meaning):
+        if found is not None and also is not None:
+            found = SearchResult(blended(found.semantic, also.semantic), [])
+        semantic[slot] = found
+    return embed_seconds
 
 
 def with_keywords(query: SearchQuery, keywords: tuple[str, ...]) -> SearchQuery:
