@@ -192,7 +192,7 @@ def send(door: Door, url: str, clock: Clock, sample: Sample, at_once: bool) -> l
     when the turns were said) or turn by turn (chat completions only); the history as the app then
     holds it."""
     if not at_once:
-        assert isinstance(door, ChatDoor), "turn by turn runs through chat completions only"
+        assert type(door) is ChatDoor, "turn by turn runs through chat completions only"
         client = OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
         return replay(client, door.fake, clock, sample)
     clock.now = sample.turns[-1][3]

@@ -161,17 +161,10 @@ class MessagesDoor:
         return "\n".join(texts)
 
 
-class ResponsesDoor:
+class ResponsesDoor(ChatDoor):
+    """The chat door's fake upstream and settings; Responses input items going in."""
+
     name = "responses"
-
-    def __init__(self) -> None:
-        self.fake = FakeUpstream()
-
-    def app(self) -> Starlette:
-        return self.fake.app()
-
-    def upstream(self, url: str) -> dict[str, Any]:
-        return {"base_url": f"{url}/v1", "api_key": "sk-upstream"}
 
     def send(self, gateway_url: str, key: str, turns: Sequence[tuple[str, str]], user: str) -> list[Message]:
         items = [self._item(r, c) for r, c in _closed(turns)]
@@ -197,9 +190,6 @@ class ResponsesDoor:
             "input": [*history, self._item("user", question)],
         }
 
-    def clear(self) -> None:
-        self.fake.received.clear()
-
     def forwarded(self) -> str:
         last = self.fake.last()
         if last.path.endswith("/chat/completions"):  # the default upstream.responses: converted
@@ -212,7 +202,7 @@ class ResponsesDoor:
         return "\n".join(texts)
 
 
-DOORS: dict[str, type[ChatDoor] | type[MessagesDoor] | type[ResponsesDoor]] = {
+DOORS: dict[str, type[ChatDoor] | type[MessagesDoor]] = {
     "chat": ChatDoor,
     "messages": MessagesDoor,
     "responses": ResponsesDoor,
