@@ -89,6 +89,9 @@ class RetrievalConfig(_Frozen):
     # "composed" from their messages' own vectors (no model work), "model" embedded as texts (six times
     # the model's work), "off" none (found by keyword only). true/false mean "model"/"off".
     neighbour_vectors: NeighbourVectors = "composed"
+    # A history whose vectors are not written yet (one that just arrived) is ranked by meaning from
+    # static word-piece vectors meanwhile (adapters/static_meaning.py); false: by keyword alone.
+    meaning_in_hand: bool = True
 
     @field_validator("neighbour_vectors", mode="before")
     @classmethod

@@ -14,6 +14,7 @@ from gateway.adapters import registry
 from gateway.adapters.keyword_rank import ViewRanker
 from gateway.adapters.lazy_index import LazyMemoryVectors, LazyVectorIndex
 from gateway.adapters.sql.tables import utcnow
+from gateway.adapters.static_meaning import StaticMeaning
 from gateway.config import GatewayConfig, MemoryConfig, TenantConfig, TracingConfig
 from gateway.errors import ConfigError
 from gateway.features import compacts, learns, remembers, retrieves
@@ -196,6 +197,7 @@ def _builder(
             clock=shared.clock,
             jobs=shared.jobs,
             rank_views=ViewRanker(),
+            meaning=StaticMeaning() if tenant.retrieval.meaning_in_hand else None,
         )
         shared.caches.add(tenant.name, retrieval.memo)
         tail.append(retrieval)

@@ -28,7 +28,7 @@ from gateway.jobs.embed import (
 from gateway.jobs.neighbour_vectors import composed_all
 from gateway.records import EMBED, AppendRequest, EmbedWork, IndexBacklog, NewMessage, embed_key_prefix
 from gateway.verify import verify_tenant
-from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, tenant, wait_for_jobs
+from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
 
 # The model and LanceDB are what these tests are about.
 pytestmark = pytest.mark.real
@@ -596,7 +596,8 @@ def test_a_question_asked_before_the_index_wrote_a_history_is_ranked_over_the_hi
     raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
     sent = "\n".join(str(m["content"]) for m in upstream.fake.last_chat().body["messages"][:-1])
     assert f"the reference is {IDENTIFIERS[1]}" in sent
-    assert len(sent) < len("\n".join(str(m["content"]) for m in history)) // 4  # ranked, not resent
+    # Ranked, not resent (the whole budget: no vector scores the history yet, so it is asked as a match).
+    assert len(sent) < len("\n".join(str(m["content"]) for m in history)) // 2
     retrieval = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]["sections"][
         "retrieval"
     ]
@@ -617,3 +618,38 @@ def test_a_question_asked_before_the_index_wrote_a_history_is_ranked_over_the_hi
     ]
     assert retrieval["index_backlog"]["unsearchable"] >= 400
     assert retrieval["keyword_in_hand"] is True
+
+
+@pytest.mark.parametrize("meaning_in_hand", [True, False])
+def test_a_question_asked_before_the_history_has_vectors_is_ranked_by_meaning_in_hand(
+    upstream: Upstream, make_gateway: Callable[..., Gateway], meaning_in_hand: bool
+) -> None:
+    """A question that shares no word with its answer, asked before any vector of the history exists:
+    static word-piece vectors rank the history in hand by meaning (`retrieval.meaning_in_hand`), so
+    the answer is found; with them turned off only keywords rank it, and it is not."""
+    gateway = make_gateway(
+        [
+            tenant(
+                "acme",
+                upstream.base_url,
+                api_keys=[GATEWAY_KEY],
+                context={"budget_tokens": 2_000},
+                compaction={"enabled": False},
+                retrieval={"meaning_in_hand": meaning_in_hand},
+            )
+        ],
+        jobs={"workers": 0},
+    )
+    violin = "By the way, I started violin lessons with a teacher called Anna last week."
+    history = long_history(200)
+    history[14] = {"role": "user", "content": violin}
+    question = {"role": "user", "content": "Which musical instrument am I learning to play?"}
+    raw = gateway.client().chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=[*history, question]
+    )
+    sent = "\n".join(str(m["content"]) for m in upstream.fake.last_chat().body["messages"][:-1])
+    assert (violin in sent) is meaning_in_hand
+    assert len(sent) < len("\n".join(str(m["content"]) for m in history)) // 2  # ranked, not resent
+    recorded(gateway, raw.headers["x-gateway-request-id"])  # stored just after the answer
+    report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
+    assert report["sections"]["retrieval"].get("meaning_in_hand", False) is meaning_in_hand

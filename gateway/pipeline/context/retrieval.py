@@ -37,8 +37,15 @@ from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, com
 from gateway.pipeline.context.retrieval_groups import Group, groups_of, other_group
 from gateway.pipeline.context.retrieval_memo import MessageMemo
 from gateway.pipeline.context.retrieval_rank import Found, rank
-from gateway.pipeline.context.retrieval_search import index_backlog, search_both, with_keywords
-from gateway.pipeline.context.retrieval_unindexed import InHand, RankViews, in_hand
+from gateway.pipeline.context.retrieval_search import index_backlog, search_both
+from gateway.pipeline.context.retrieval_unindexed import (
+    STATIC_WITH_TERMS_WEIGHT,
+    RankMeaning,
+    RankViews,
+    names_exact_terms,
+    unembedded,
+    with_history_in_hand,
+)
 from gateway.pipeline.context.retrieval_window import OLD_COMPARED, old_outranks_window
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.ports import Embedder, JobQueue, MessageStore, Similarity, VectorIndex
@@ -83,6 +90,8 @@ class RetrievalSection:
     jobs: JobQueue | None = None  # says how much of the conversation is still waiting for the index
     # Ranks the history in hand by keyword while the index has not written it (retrieval_unindexed.py).
     rank_views: RankViews | None = None
+    # Ranks it by meaning (static vectors) while the model has not embedded it.
+    meaning: RankMeaning | None = None
     name: str = "retrieval"
     whole: bool = False
     # Each old message's lowered text and line tokens, made once (retrieval_memo.py).
@@ -124,7 +133,8 @@ class RetrievalSection:
         close_question = asks and found.best_similarity >= self.similarity.close
         # Old messages still waiting for their vectors (a long history that just arrived) cannot be
         # scored by meaning: a question is asked over them as if they matched.
-        unscored = asks and found.backlog is not None and found.backlog.unembedded > 0
+        waiting = found.unembedded or (found.backlog is not None and found.backlog.unembedded > 0)
+        unscored = asks and waiting
         if (facts.about_past and past) or old_only or old_names or close_question or unscored:
             found.detail["why"] = (
                 "terms only old messages hold"
@@ -218,14 +228,13 @@ class RetrievalSection:
             found.detail["skipped"] = "index unavailable"
             return found
         result, found.other, embed_seconds = outcome
-        if self.rank_views is not None and in_hand(found.backlog, state.appended, len(path)):
-            older = newest_older + 1
-            hand = InHand(self.rank_views, path, older, first_depth, state.conversation_id, self.clock())
-            worded = with_keywords(query, facts.acronyms)
-            result = SearchResult(result.semantic, await hand.joined(worded, result.keyword))
-            found.in_hand, found.detail["keyword_in_hand"] = hand, True
+        found.unembedded = unembedded(found.backlog, state.appended, len(path))
+        if self.rank_views is not None:
+            where = (newest_older + 1, first_depth, state)
+            rankers = (self.rank_views, self.meaning)
+            result = await with_history_in_hand(found, query, result, path, where, rankers, self.clock())
         searched = time.perf_counter()
-        candidates = fuse(result, self._semantic_weight(question))
+        candidates = fuse(result, self._semantic_weight(question, found))
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
             path, positions, first_depth = await self._whole_path(
                 build.call.tenant, state.leaf_id, path, positions, first_depth
@@ -399,10 +408,13 @@ class RetrievalSection:
                 out.append(group)
         return out
 
-    def _semantic_weight(self, question: str) -> float:
+    def _semantic_weight(self, question: str, found: Found) -> float:
         if self.similarity.english_only and mostly_cjk(question):
             return FOREIGN_SEMANTIC_WEIGHT
-        return 1.0
+        # Static vectors rank a table naming an exact term below prose about its topic: where the
+        # question names one, keyword leads (BENCHMARKS.md, session 38).
+        static = "meaning_in_hand" in found.detail and names_exact_terms(found.facts.terms)
+        return STATIC_WITH_TERMS_WEIGHT if static else 1.0
 
     def _groups(
         self,

@@ -50,6 +50,7 @@ class Found:
     timings: dict[str, float] = field(default_factory=dict)
     in_hand: InHand | None = None  # the history ranked by keyword in hand, not in the index yet
     backlog: IndexBacklog | None = None  # the conversation's messages waiting for the index (None: none)
+    unembedded: bool = False  # enough of them (or of the request's own) wait for vectors to rank in hand
     # The second hop found an old message saying what was asked beside a lead an old match named.
     linked: bool = False
 

@@ -5,19 +5,28 @@ recall (BENCHMARKS.md, issue 28: 115 of 423 LoCoMo questions asked right after g
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import anyio
 
-from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.call import CallState, HistoryItem
+from gateway.pipeline.context.retrieval_search import blended, with_keywords
 from gateway.records import IndexBacklog, IndexHit, SearchQuery, SearchResult
 from gateway.text import message_text
+
+if TYPE_CHECKING:  # retrieval_rank holds an InHand
+    from gateway.pipeline.context.retrieval_rank import Found
 
 # (question, message texts, limit) -> (message index, view, score), best first: BM25 over each message's
 # views as the index writes them (adapters/keyword_rank.py, ViewRanker).
 RankViews = Callable[[str, Sequence[str], int], list[tuple[int, str, float]]]
+# (question, message texts, limit) -> (message index, cosine), best first: static word-piece vectors
+# (adapters/static_meaning.py), for messages the model has not embedded yet.
+RankMeaning = Callable[[str, Sequence[str], int], list[tuple[int, float]]]
 
 # Messages of the conversation not yet written to the index beyond which its keyword ranking is taken
 # from the history in hand: a chat's newest exchange or two wait for their job on every turn, and those
@@ -29,6 +38,12 @@ MAX_MESSAGES = 5_000
 # (by meaning and by keyword) give together; at `limit` alone a loose follow-up naming only the topic
 # ("shipments 的换 UUID 的事还有一点") was never a candidate (BENCHMARKS.md, issue 28).
 DEPTH = 2
+# The ranking in hand by meaning weighs this much against keyword's for a question naming an exact term
+# (English; a mostly CJK question's ranking by meaning weighs as little already): the work-chat sets' "on
+# which box is fx-rates deployed?" lost its inventory table to prose about deploys at 1.0 and 0.5.
+STATIC_WITH_TERMS_WEIGHT = 0.25
+# A year is when, not what: messages seldom write it (LoCoMo's "where was James on July 12, 2022?").
+_YEAR = re.compile(r"(?:19|20)\d\d")
 
 
 def in_hand(backlog: IndexBacklog | None, appended: int, path_length: int) -> bool:
@@ -37,6 +52,18 @@ def in_hand(backlog: IndexBacklog | None, appended: int, path_length: int) -> bo
     queued only once the answer is stored)."""
     unsearchable = backlog.unsearchable if backlog is not None else 0
     return path_length <= MAX_MESSAGES and unsearchable + appended > UNSEARCHABLE_SLACK
+
+
+def names_exact_terms(terms: Sequence[str]) -> bool:
+    """Whether the question's exact terms name something a message writes (not only a year)."""
+    return any(not _YEAR.fullmatch(term) for term in terms)
+
+
+def unembedded(backlog: IndexBacklog | None, appended: int, path_length: int) -> bool:
+    """Whether enough of this path waits for its vectors that the history in hand is ranked by meaning
+    too (the model embeds ~60 messages a second on one core: a long history waits tens of seconds)."""
+    waiting = backlog.unembedded if backlog is not None else 0
+    return path_length <= MAX_MESSAGES and waiting + appended > UNSEARCHABLE_SLACK
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +77,7 @@ class InHand:
     first_depth: int
     conversation_id: str
     now: datetime
+    meaning: RankMeaning | None = None
     # The messages' texts, made once for the question and its second hop.
     texts: list[str] = field(init=False)
 
@@ -60,6 +88,30 @@ class InHand:
     async def search(self, query: SearchQuery) -> SearchResult:
         """Keyword hits only (undated), on a worker thread: ~12 ms of CPU for 700 messages."""
         return SearchResult([], await anyio.to_thread.run_sync(self._hits, query.text, query.limit))
+
+    async def by_meaning(self, text: str, limit: int) -> list[IndexHit]:
+        """Each message's own view ranked by static vectors (none without `meaning`), on a worker thread.
+        The hits carry no score: a static cosine is not the model's, whose thresholds read scores."""
+        if self.meaning is None:
+            return []
+        ranked = await anyio.to_thread.run_sync(self.meaning, text, self.texts, limit)
+        return [
+            IndexHit(node_id, self.conversation_id, "m", self.first_depth + at, self.now, 0.0, False)
+            for at, _ in ranked
+            if (node_id := self.path[at].node_id) is not None
+        ]
+
+    async def ranked(
+        self, result: SearchResult, query: SearchQuery, meant: str, by_word: bool
+    ) -> SearchResult:
+        """`result` with this history ranked by meaning (with `meaning`: blended with the model's hits of
+        what it has embedded) and, `by_word`, by keyword (`joined`)."""
+        semantic, keyword = result.semantic, result.keyword
+        if self.meaning is not None:
+            semantic = blended(semantic, await self.by_meaning(meant, query.limit))
+        if by_word:
+            keyword = await self.joined(query, keyword)
+        return SearchResult(semantic, keyword)
 
     async def joined(self, query: SearchQuery, indexed: list[IndexHit]) -> list[IndexHit]:
         """This ranking, then the index's hits of messages older than the history in hand (a thin client
@@ -77,3 +129,31 @@ class InHand:
                 )
                 hits.append(hit)
         return hits
+
+
+async def with_history_in_hand(
+    found: Found,
+    query: SearchQuery,
+    result: SearchResult,
+    path: Sequence[HistoryItem],
+    where: tuple[int, int, CallState],
+    rankers: tuple[RankViews, RankMeaning | None],
+    now: datetime,
+) -> SearchResult:
+    """`result` with the history in hand ranked where the index lacks it: by keyword until its texts are
+    written, by static vectors until its own are. `where`: the end of the history older than the window
+    on `path`, its first depth, the call's state; `rankers`: by keyword, by meaning (None: off)."""
+    older, first_depth, state = where
+    views, meaning = rankers
+    by_word = in_hand(found.backlog, state.appended, len(path))
+    by_meaning = meaning is not None and found.unembedded
+    if not (by_word or by_meaning) or state.conversation_id is None:
+        return result
+    hand = InHand(
+        views, path, older, first_depth, state.conversation_id, now, meaning if by_meaning else None
+    )
+    if by_meaning:
+        found.detail["meaning_in_hand"] = True
+    if by_word:
+        found.in_hand, found.detail["keyword_in_hand"] = hand, True
+    return await hand.ranked(result, with_keywords(query, found.facts.acronyms), found.meant, by_word)

@@ -1,0 +1,67 @@
+"""The static word-piece ranking used while a history waits for its vectors (adapters/static_meaning.py):
+the shipped table is the bundled model's, and it ranks by meaning where no word is shared."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gateway.adapters.onnx_embedder import OnnxEmbedder
+from gateway.adapters.static_meaning import StaticMeaning
+from gateway.adapters.static_table import AXES_FILE, SCALE_FILE, TABLE_FILE, data_file, pooled
+from gateway.pipeline.context.retrieval_unindexed import names_exact_terms
+
+TOPICS = ["the garden", "a novel", "the weekend hike", "bread baking", "a podcast", "the football match"]
+VIOLIN = "By the way, I started violin lessons with a teacher called Anna last week."
+
+
+def chat(planted_at: int = 7) -> list[str]:
+    texts: list[str] = []
+    for i in range(200):
+        user = VIOLIN if i == planted_at else f"Turn {i}: tell me more about {TOPICS[i % 6]}, please."
+        texts += [user, f"Of course. On {TOPICS[i % 6]}, here are a few thoughts ({i})."]
+    return texts
+
+
+def test_the_shipped_table_is_the_bundled_models_word_pieces_projected() -> None:
+    """Rows recomputed from the model (each word piece alone, pooled) and projected onto the shipped axes
+    equal the shipped int8 rows within one step of their scale."""
+    table = np.load(data_file(TABLE_FILE), mmap_mode="r")
+    scale = np.load(data_file(SCALE_FILE))
+    axes = np.load(data_file(AXES_FILE))
+    embedder = OnnxEmbedder(threads=1)
+    assert embedder._session is not None
+    assert table.shape == (embedder._tokenizer.get_vocab_size(), axes.shape[0])
+    pieces = np.random.default_rng(7).choice(len(table), 48, replace=False).astype(np.int64)
+    expected = pooled(embedder._session, pieces) @ axes.T
+    shipped = table[pieces].astype(np.float32) * scale[pieces, None]
+    assert np.all(np.abs(expected - shipped) <= scale[pieces, None] * 1.01)
+
+
+def test_a_question_sharing_no_word_with_its_answer_ranks_it_first() -> None:
+    texts = chat()
+    ranked = StaticMeaning()("Which musical instrument am I learning to play?", texts, 10)
+    assert ranked[0][0] == texts.index(VIOLIN)
+    assert [score for _, score in ranked] == sorted((score for _, score in ranked), reverse=True)
+    assert len(ranked) == 10
+
+
+def test_nothing_to_rank_gives_nothing() -> None:
+    meaning = StaticMeaning()
+    assert meaning("", chat(), 5) == []
+    assert meaning("violin", [], 5) == []
+    assert meaning("violin", chat(), 0) == []
+
+
+def test_a_history_ranked_again_gives_the_same_ranking_and_a_changed_one_its_own() -> None:
+    """Its text vectors are kept per history (each question over it reuses them), keyed by the texts."""
+    meaning = StaticMeaning()
+    first = meaning("Which musical instrument am I learning to play?", chat(7), 3)
+    assert meaning("Which musical instrument am I learning to play?", chat(7), 3) == first
+    moved = meaning("Which musical instrument am I learning to play?", chat(90), 3)
+    assert moved[0][0] == chat(90).index(VIOLIN) != first[0][0]
+
+
+def test_a_question_naming_an_identifier_or_a_number_names_exact_terms_and_a_year_alone_does_not() -> None:
+    """Where it names one, the ranking in hand by meaning weighs a quarter (keyword leads)."""
+    assert names_exact_terms(("fx-rates",)) and names_exact_terms(("2022", "6060"))
+    assert not names_exact_terms(("2022",)) and not names_exact_terms(())
