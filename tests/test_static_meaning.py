@@ -8,7 +8,7 @@ import numpy as np
 from gateway.adapters.onnx_embedder import OnnxEmbedder
 from gateway.adapters.static_meaning import StaticMeaning
 from gateway.adapters.static_table import AXES_FILE, SCALE_FILE, TABLE_FILE, data_file, pooled
-from gateway.pipeline.context.retrieval_unindexed import names_exact_terms
+from gateway.pipeline.context.retrieval_unindexed import by_static_meaning, names_exact_terms
 
 TOPICS = ["the garden", "a novel", "the weekend hike", "bread baking", "a podcast", "the football match"]
 VIOLIN = "By the way, I started violin lessons with a teacher called Anna last week."
@@ -61,7 +61,12 @@ def test_a_history_ranked_again_gives_the_same_ranking_and_a_changed_one_its_own
     assert moved[0][0] == chat(90).index(VIOLIN) != first[0][0]
 
 
-def test_a_question_naming_an_identifier_or_a_number_names_exact_terms_and_a_year_alone_does_not() -> None:
-    """Where it names one, the ranking in hand by meaning weighs a quarter (keyword leads)."""
+def test_a_question_naming_an_exact_term_is_ranked_by_keyword_alone_unless_it_is_mostly_cjk() -> None:
+    """Static vectors rank a history in hand for a question without exact terms (a year alone is none),
+    and for a mostly CJK one with them; an English question naming an identifier or a number has
+    keyword lead alone."""
     assert names_exact_terms(("fx-rates",)) and names_exact_terms(("2022", "6060"))
     assert not names_exact_terms(("2022",)) and not names_exact_terms(())
+    assert by_static_meaning("Where was James on July 12, 2022?", ("2022",))
+    assert not by_static_meaning("On which box is fx-rates deployed?", ("fx-rates",))
+    assert by_static_meaning("fx-rates 部署在哪台机器上？", ("fx-rates",))

@@ -39,10 +39,8 @@ from gateway.pipeline.context.retrieval_memo import MessageMemo
 from gateway.pipeline.context.retrieval_rank import Found, rank
 from gateway.pipeline.context.retrieval_search import index_backlog, search_both
 from gateway.pipeline.context.retrieval_unindexed import (
-    STATIC_WITH_TERMS_WEIGHT,
     RankMeaning,
     RankViews,
-    names_exact_terms,
     unembedded,
     with_history_in_hand,
 )
@@ -234,7 +232,7 @@ class RetrievalSection:
             rankers = (self.rank_views, self.meaning)
             result = await with_history_in_hand(found, query, result, path, where, rankers, self.clock())
         searched = time.perf_counter()
-        candidates = fuse(result, self._semantic_weight(question, found))
+        candidates = fuse(result, self._semantic_weight(question))
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
             path, positions, first_depth = await self._whole_path(
                 build.call.tenant, state.leaf_id, path, positions, first_depth
@@ -408,13 +406,10 @@ class RetrievalSection:
                 out.append(group)
         return out
 
-    def _semantic_weight(self, question: str, found: Found) -> float:
+    def _semantic_weight(self, question: str) -> float:
         if self.similarity.english_only and mostly_cjk(question):
             return FOREIGN_SEMANTIC_WEIGHT
-        # Static vectors rank a table naming an exact term below prose about its topic: where the
-        # question names one, keyword leads (BENCHMARKS.md, session 38).
-        static = "meaning_in_hand" in found.detail and names_exact_terms(found.facts.terms)
-        return STATIC_WITH_TERMS_WEIGHT if static else 1.0
+        return 1.0
 
     def _groups(
         self,

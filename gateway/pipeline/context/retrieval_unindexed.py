@@ -16,7 +16,7 @@ import anyio
 from gateway.pipeline.call import CallState, HistoryItem
 from gateway.pipeline.context.retrieval_search import blended, with_keywords
 from gateway.records import IndexBacklog, IndexHit, SearchQuery, SearchResult
-from gateway.text import message_text
+from gateway.text import message_text, mostly_cjk
 
 if TYPE_CHECKING:  # retrieval_rank holds an InHand
     from gateway.pipeline.context.retrieval_rank import Found
@@ -38,10 +38,6 @@ MAX_MESSAGES = 5_000
 # (by meaning and by keyword) give together; at `limit` alone a loose follow-up naming only the topic
 # ("shipments 的换 UUID 的事还有一点") was never a candidate (BENCHMARKS.md, issue 28).
 DEPTH = 2
-# The ranking in hand by meaning weighs this much against keyword's for a question naming an exact term
-# (English; a mostly CJK question's ranking by meaning weighs as little already): the work-chat sets' "on
-# which box is fx-rates deployed?" lost its inventory table to prose about deploys at 1.0 and 0.5.
-STATIC_WITH_TERMS_WEIGHT = 0.25
 # A year is when, not what: messages seldom write it (LoCoMo's "where was James on July 12, 2022?").
 _YEAR = re.compile(r"(?:19|20)\d\d")
 
@@ -57,6 +53,15 @@ def in_hand(backlog: IndexBacklog | None, appended: int, path_length: int) -> bo
 def names_exact_terms(terms: Sequence[str]) -> bool:
     """Whether the question's exact terms name something a message writes (not only a year)."""
     return any(not _YEAR.fullmatch(term) for term in terms)
+
+
+def by_static_meaning(question: str, terms: Sequence[str]) -> bool:
+    """Whether static vectors rank the history in hand for this question. Not where it names an exact
+    term in Latin script: keyword finds where the term is written, and static vectors rank prose about
+    its topic above it ("on which box is fx-rates deployed?" lost its inventory table: BENCHMARKS.md,
+    session 38). A mostly CJK question's keyword ranking reads bigrams its words share with unrelated
+    turns, so it keeps them (at the quarter weight of any ranking by meaning there)."""
+    return mostly_cjk(question) or not names_exact_terms(terms)
 
 
 def unembedded(backlog: IndexBacklog | None, appended: int, path_length: int) -> bool:
@@ -146,7 +151,7 @@ async def with_history_in_hand(
     older, first_depth, state = where
     views, meaning = rankers
     by_word = in_hand(found.backlog, state.appended, len(path))
-    by_meaning = meaning is not None and found.unembedded
+    by_meaning = meaning is not None and found.unembedded and by_static_meaning(query.text, found.facts.terms)
     if not (by_word or by_meaning) or state.conversation_id is None:
         return result
     hand = InHand(
