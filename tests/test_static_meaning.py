@@ -3,7 +3,11 @@ the shipped table is the bundled model's, and it ranks by meaning where no word 
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from gateway.adapters.onnx_embedder import OnnxEmbedder
 from gateway.adapters.static_meaning import StaticMeaning
@@ -70,3 +74,17 @@ def test_a_question_naming_an_exact_term_is_ranked_by_keyword_alone_unless_it_is
     assert by_static_meaning("Where was James on July 12, 2022?", ("2022",))
     assert not by_static_meaning("On which box is fx-rates deployed?", ("fx-rates",))
     assert by_static_meaning("fx-rates 部署在哪台机器上？", ("fx-rates",))
+
+
+def test_a_missing_table_leaves_the_ranking_empty_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A package built without the table ranks nothing by static vectors (keyword still ranks), once
+    logged; it does not fail the request."""
+    meaning = StaticMeaning(table_path=tmp_path / "absent.npy")
+    with caplog.at_level(logging.ERROR):
+        assert meaning("Which musical instrument am I learning to play?", chat(), 10) == []
+        assert meaning("And which teacher?", chat(), 10) == []
+    assert [r.message for r in caplog.records].count(
+        "static word-piece vectors unavailable: histories in hand ranked by keyword"
+    ) == 1

@@ -14,6 +14,7 @@ The table is memory-mapped: only the rows of word pieces in use are read.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -28,6 +29,8 @@ from tokenizers import BertWordPieceTokenizer
 from gateway.adapters.onnx_embedder import VOCAB_FILE
 from gateway.adapters.static_table import SCALE_FILE, TABLE_FILE, data_file
 
+log = logging.getLogger(__name__)
+
 # Texts whose word pieces are kept: a history in hand is ranked again for each question asked over it.
 PIECED_TEXTS = 8_192
 # Histories whose text vectors are kept (a few conversations indexing at once).
@@ -37,6 +40,7 @@ MAX_PIECES = 512
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float32]
+_Loaded = tuple[BertWordPieceTokenizer, npt.NDArray[np.int8], Floats]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +60,15 @@ class StaticMeaning:
     _histories: OrderedDict[tuple[int, int], _History] = field(
         default_factory=OrderedDict, init=False, repr=False
     )
-    _loaded: tuple[BertWordPieceTokenizer, npt.NDArray[np.int8], Floats] | None = field(
-        default=None, init=False, repr=False
-    )
+    _loaded: _Loaded | None = field(default=None, init=False, repr=False)
+    _failed: bool = field(default=False, init=False, repr=False)
     _pieces: Callable[[str], Ints] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._pieces = lru_cache(maxsize=PIECED_TEXTS)(self._pieces_of)
 
     def __call__(self, question: str, texts: Sequence[str], limit: int) -> list[tuple[int, float]]:
-        if limit <= 0 or not texts:
+        if limit <= 0 or not texts or self._load() is None:
             return []
         history = self._history(texts)
         asked = self._pieces(question)
@@ -79,26 +82,42 @@ class StaticMeaning:
         order = matched[np.argsort(-scores[matched], kind="stable")]
         return [(int(i), float(scores[i])) for i in order]
 
-    def _load(self) -> tuple[BertWordPieceTokenizer, npt.NDArray[np.int8], Floats]:
+    def _load(self) -> _Loaded | None:
+        """The vocabulary and the table, loaded on first use (None, logged once, where they cannot be:
+        the history in hand is then ranked by keyword alone)."""
         with self._lock:
-            if self._loaded is None:
-                vocab = self.vocab_path or data_file(VOCAB_FILE)
-                tokenizer = BertWordPieceTokenizer(str(vocab), lowercase=True)
-                tokenizer.no_truncation()
-                tokenizer.no_padding()
-                table = np.load(self.table_path or data_file(TABLE_FILE), mmap_mode="r")
-                scale = np.load(self.scale_path or data_file(SCALE_FILE)).astype(np.float32)
-                self._loaded = (tokenizer, table, scale)
+            if self._loaded is None and not self._failed:
+                try:
+                    vocab = self.vocab_path or data_file(VOCAB_FILE)
+                    tokenizer = BertWordPieceTokenizer(str(vocab), lowercase=True)
+                    tokenizer.no_truncation()
+                    tokenizer.no_padding()
+                    table = np.load(self.table_path or data_file(TABLE_FILE), mmap_mode="r")
+                    scale = np.load(self.scale_path or data_file(SCALE_FILE)).astype(np.float32)
+                    if table.ndim != 2 or scale.shape != (len(table),):
+                        raise ValueError(f"table {table.shape} and scales {scale.shape} do not match")
+                    self._loaded = (tokenizer, table, scale)
+                # numpy's and the tokenizers library's load errors share no narrower base.
+                except Exception:
+                    self._failed = True
+                    log.exception(
+                        "static word-piece vectors unavailable: histories in hand ranked by keyword"
+                    )
             return self._loaded
 
+    def _loaded_now(self) -> _Loaded:
+        loaded = self._load()
+        assert loaded is not None, "__call__ returns early without the table"
+        return loaded
+
     def _pieces_of(self, text: str) -> Ints:
-        tokenizer, _, _ = self._load()
+        tokenizer, _, _ = self._loaded_now()
         ids = tokenizer.encode(text, add_special_tokens=False).ids[:MAX_PIECES]
         return np.asarray(ids, dtype=np.int64)
 
     def _mean(self, pieces: Ints, idf: Floats) -> Floats:
         """The pieces' vectors, averaged with `idf` weights, at unit length."""
-        _, table, scale = self._load()
+        _, table, scale = self._loaded_now()
         weights = idf[pieces] * scale[pieces]
         vector: Floats = (table[pieces].astype(np.float32) * weights[:, None]).sum(axis=0)
         norm = float(np.linalg.norm(vector))
@@ -111,7 +130,7 @@ class StaticMeaning:
             if known is not None:
                 self._histories.move_to_end(key)
                 return known
-        _, table, _ = self._load()
+        _, table, _ = self._loaded_now()
         pieced = [self._pieces(t) for t in texts]
         df = np.zeros(len(table), dtype=np.float32)
         for pieces in pieced:
