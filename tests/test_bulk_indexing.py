@@ -573,13 +573,9 @@ def test_exchanges_queued_while_no_worker_ran_are_indexed_by_one_job(
     assert metrics[("embed", "absorbed")] == 4 and metrics[("embed", "done")] == 1
 
 
-def test_a_question_asked_before_the_index_wrote_a_history_is_ranked_over_the_history_in_hand(
-    upstream: Upstream, make_gateway: Callable[..., Gateway]
-) -> None:
-    """No job runs here (a separate worker not started yet, or one busy with other conversations): the
-    history that arrived in one request is in no index, and its questions still find their turns, ranked
-    by keyword over the history the request holds, as the index's three views would rank them."""
-    gateway = make_gateway(
+def unindexed_gateway(make_gateway: Callable[..., Gateway], upstream: Upstream, **retrieval: Any) -> Gateway:
+    """A gateway whose jobs never run (no worker): every history it is sent stays out of the index."""
+    return make_gateway(
         [
             tenant(
                 "acme",
@@ -587,10 +583,20 @@ def test_a_question_asked_before_the_index_wrote_a_history_is_ranked_over_the_hi
                 api_keys=[GATEWAY_KEY],
                 context={"budget_tokens": 2_000},
                 compaction={"enabled": False},
+                retrieval=retrieval,
             )
         ],
         jobs={"workers": 0},
     )
+
+
+def test_a_question_asked_before_the_index_wrote_a_history_is_ranked_over_the_history_in_hand(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    """No job runs here (a separate worker not started yet, or one busy with other conversations): the
+    history that arrived in one request is in no index, and its questions still find their turns, ranked
+    by keyword over the history the request holds, as the index's three views would rank them."""
+    gateway = unindexed_gateway(make_gateway, upstream)
     client = gateway.client()
     history = [*long_history(200), {"role": "user", "content": f"Where did {IDENTIFIERS[1]} come up?"}]
     raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
@@ -598,6 +604,7 @@ def test_a_question_asked_before_the_index_wrote_a_history_is_ranked_over_the_hi
     assert f"the reference is {IDENTIFIERS[1]}" in sent
     # Ranked, not resent (the whole budget: no vector scores the history yet, so it is asked as a match).
     assert len(sent) < len("\n".join(str(m["content"]) for m in history)) // 2
+    recorded(gateway, raw.headers["x-gateway-request-id"])  # stored just after the answer
     retrieval = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]["sections"][
         "retrieval"
     ]
@@ -627,19 +634,7 @@ def test_a_question_asked_before_the_history_has_vectors_is_ranked_by_meaning_in
     """A question that shares no word with its answer, asked before any vector of the history exists:
     static word-piece vectors rank the history in hand by meaning (`retrieval.meaning_in_hand`), so
     the answer is found; with them turned off only keywords rank it, and it is not."""
-    gateway = make_gateway(
-        [
-            tenant(
-                "acme",
-                upstream.base_url,
-                api_keys=[GATEWAY_KEY],
-                context={"budget_tokens": 2_000},
-                compaction={"enabled": False},
-                retrieval={"meaning_in_hand": meaning_in_hand},
-            )
-        ],
-        jobs={"workers": 0},
-    )
+    gateway = unindexed_gateway(make_gateway, upstream, meaning_in_hand=meaning_in_hand)
     violin = "By the way, I started violin lessons with a teacher called Anna last week."
     history = long_history(200)
     history[14] = {"role": "user", "content": violin}
