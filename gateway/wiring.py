@@ -189,6 +189,8 @@ def _builder(
     stable: list[StableSection] = [SummarySection(shared.summaries, tenant.compaction.summary_tokens)]
     tail: list[Section] = []
     if index is not None:
+        meaning = StaticMeaning() if tenant.retrieval.meaning_in_hand else None
+        shared.caches.add(tenant.name, meaning)
         retrieval = RetrievalSection(
             index=index.index,
             embedder=index.embedder,
@@ -197,7 +199,7 @@ def _builder(
             clock=shared.clock,
             jobs=shared.jobs,
             rank_views=ViewRanker(),
-            meaning=StaticMeaning() if tenant.retrieval.meaning_in_hand else None,
+            meaning=meaning,
         )
         shared.caches.add(tenant.name, retrieval.memo)
         tail.append(retrieval)

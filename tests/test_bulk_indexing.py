@@ -29,6 +29,7 @@ from gateway.jobs.neighbour_vectors import composed_all
 from gateway.records import EMBED, AppendRequest, EmbedWork, IndexBacklog, NewMessage, embed_key_prefix
 from gateway.verify import verify_tenant
 from tests.conftest import GATEWAY_KEY, Gateway, Upstream, api, recorded, tenant, wait_for_jobs
+from tests.test_metrics import scrape, value
 
 # The model and LanceDB are what these tests are about.
 pytestmark = pytest.mark.real
@@ -648,3 +649,7 @@ def test_a_question_asked_before_the_history_has_vectors_is_ranked_by_meaning_in
     recorded(gateway, raw.headers["x-gateway-request-id"])  # stored just after the answer
     report = api(gateway, f"/requests/{raw.headers['x-gateway-request-id']}")["report"]
     assert report["sections"]["retrieval"].get("meaning_in_hand", False) is meaning_in_hand
+    # What the ranking keeps for the next question over this history is shown in /metrics.
+    held = scrape(gateway)
+    for cache in ("static_pieces", "static_histories"):
+        assert (value(held, "gateway_cache_bytes", cache=cache, owner="acme") > 0) is meaning_in_hand

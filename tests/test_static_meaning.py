@@ -4,11 +4,13 @@ the shipped table is the bundled model's, and it ranks by meaning where no word 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gateway.adapters import static_meaning
 from gateway.adapters.onnx_embedder import OnnxEmbedder
 from gateway.adapters.static_meaning import StaticMeaning
 from gateway.adapters.static_table import AXES_FILE, SCALE_FILE, TABLE_FILE, data_file, pooled
@@ -88,3 +90,20 @@ def test_a_missing_table_leaves_the_ranking_empty_and_says_why(
     assert [r.message for r in caplog.records].count(
         "static word-piece vectors unavailable: histories in hand ranked by keyword"
     ) == 1
+
+
+def test_the_pieces_kept_are_bounded_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Word pieces are kept for the last `PIECED_TEXTS` texts (keyed by hash: the texts themselves are
+    not kept), and `cache_bytes` counts what is held, for /metrics."""
+    monkeypatch.setattr(static_meaning, "PIECED_TEXTS", 10)
+    meaning = StaticMeaning()
+    assert meaning.cache_bytes() == {"static_pieces": 0, "static_histories": 0}
+    texts = chat()
+    ranked = meaning("Which musical instrument am I learning to play?", texts, 5)
+    assert ranked[0][0] == texts.index(VIOLIN)
+    held = meaning.cache_bytes()
+    assert len(meaning._pieced) == 10
+    assert held["static_pieces"] == sum(sys.getsizeof(p) for p in meaning._pieced.values())
+    assert held["static_histories"] >= len(texts) * 256 * 4  # a float32 vector of 256 a text
+    meaning._histories.clear()  # ranked again from pieces, most of them evicted and read again
+    assert meaning("Which musical instrument am I learning to play?", texts, 5) == ranked

@@ -15,11 +15,11 @@ The table is memory-mapped: only the rows of word pieces in use are read.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +38,7 @@ HISTORIES = 4
 # A text's word pieces read at most (the model reads 256; a long tool result's first stretch says what it is).
 MAX_PIECES = 512
 
-Ints = npt.NDArray[np.int64]
+Ints = npt.NDArray[np.uint16]  # word-piece ids: the vocabulary holds 30,522
 Floats = npt.NDArray[np.float32]
 _Loaded = tuple[BertWordPieceTokenizer, npt.NDArray[np.int8], Floats]
 
@@ -60,12 +60,16 @@ class StaticMeaning:
     _histories: OrderedDict[tuple[int, int], _History] = field(
         default_factory=OrderedDict, init=False, repr=False
     )
+    # Keyed by the text's hash, not the text: a tool result of 50 KB is not kept alive for its pieces.
+    _pieced: OrderedDict[int, Ints] = field(default_factory=OrderedDict, init=False, repr=False)
+    _pieced_bytes: int = field(default=0, init=False, repr=False)
     _loaded: _Loaded | None = field(default=None, init=False, repr=False)
     _failed: bool = field(default=False, init=False, repr=False)
-    _pieces: Callable[[str], Ints] = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self._pieces = lru_cache(maxsize=PIECED_TEXTS)(self._pieces_of)
+    def cache_bytes(self) -> dict[str, int]:
+        with self._lock:
+            histories = sum(h.vectors.nbytes + h.idf.nbytes for h in self._histories.values())
+            return {"static_pieces": self._pieced_bytes, "static_histories": histories}
 
     def __call__(self, question: str, texts: Sequence[str], limit: int) -> list[tuple[int, float]]:
         if limit <= 0 or not texts or self._load() is None:
@@ -110,10 +114,23 @@ class StaticMeaning:
         assert loaded is not None, "__call__ returns early without the table"
         return loaded
 
-    def _pieces_of(self, text: str) -> Ints:
+    def _pieces(self, text: str) -> Ints:
+        key = hash(text)
+        with self._lock:
+            known = self._pieced.get(key)
+            if known is not None:
+                self._pieced.move_to_end(key)
+                return known
         tokenizer, _, _ = self._loaded_now()
         ids = tokenizer.encode(text, add_special_tokens=False).ids[:MAX_PIECES]
-        return np.asarray(ids, dtype=np.int64)
+        pieces: Ints = np.asarray(ids, dtype=np.uint16)
+        with self._lock:
+            if key not in self._pieced:
+                self._pieced[key] = pieces
+                self._pieced_bytes += sys.getsizeof(pieces)
+            while len(self._pieced) > PIECED_TEXTS:
+                self._pieced_bytes -= sys.getsizeof(self._pieced.popitem(last=False)[1])
+        return pieces
 
     def _mean(self, pieces: Ints, idf: Floats) -> Floats:
         """The pieces' vectors, averaged with `idf` weights, at unit length."""
