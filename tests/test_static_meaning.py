@@ -4,7 +4,10 @@ the shipped table is the bundled model's, and it ranks by meaning where no word 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +34,8 @@ def chat(planted_at: int = 7) -> list[str]:
 def test_the_shipped_table_is_the_bundled_models_word_pieces_projected() -> None:
     """Rows recomputed from the model (each word piece alone, pooled) and projected onto the shipped axes
     equal the shipped int8 rows within one step of their scale."""
-    table = np.load(data_file(TABLE_FILE), mmap_mode="r")
-    scale = np.load(data_file(SCALE_FILE))
-    axes = np.load(data_file(AXES_FILE))
+    with data_file(TABLE_FILE) as t, data_file(SCALE_FILE) as s, data_file(AXES_FILE) as a:
+        table, scale, axes = np.load(t, mmap_mode="r"), np.load(s), np.load(a)
     embedder = OnnxEmbedder(threads=1)
     assert embedder._session is not None
     assert table.shape == (embedder._tokenizer.get_vocab_size(), axes.shape[0])
@@ -107,3 +109,29 @@ def test_the_pieces_kept_are_bounded_and_counted(monkeypatch: pytest.MonkeyPatch
     assert held["static_histories"] >= len(texts) * 256 * 4  # a float32 vector of 256 a text
     meaning._histories.clear()  # ranked again from pieces, most of them evicted and read again
     assert meaning("Which musical instrument am I learning to play?", texts, 5) == ranked
+
+
+def test_the_table_is_read_from_a_zipped_package(tmp_path: Path) -> None:
+    """A package imported from a zip (a zipapp) has no file to map: the shipped files are read from
+    temporary copies while they are loaded, and the ranking works (it was empty, logged, before)."""
+    package = Path(static_meaning.__file__).resolve().parents[1]
+    archive = tmp_path / "gateway.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        for path in package.rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                zipped.write(path, path.relative_to(package.parent))
+    script = (
+        "import gateway.adapters.static_meaning as m; assert '.zip' in m.__file__; "
+        "print(m.StaticMeaning()('Which musical instrument am I learning to play?', "
+        "['We went hiking on Sunday.', 'I started violin lessons last week.'], 2)[0][0])"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(archive)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "1"

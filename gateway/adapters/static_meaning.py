@@ -19,6 +19,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,12 +93,20 @@ class StaticMeaning:
         with self._lock:
             if self._loaded is None and not self._failed:
                 try:
-                    vocab = self.vocab_path or data_file(VOCAB_FILE)
-                    tokenizer = BertWordPieceTokenizer(str(vocab), lowercase=True)
+                    with ExitStack() as files:
+                        vocab, table_path, scale_path = (
+                            given or files.enter_context(data_file(name))
+                            for given, name in (
+                                (self.vocab_path, VOCAB_FILE),
+                                (self.table_path, TABLE_FILE),
+                                (self.scale_path, SCALE_FILE),
+                            )
+                        )
+                        tokenizer = BertWordPieceTokenizer(str(vocab), lowercase=True)
+                        table = np.load(table_path, mmap_mode="r")
+                        scale = np.load(scale_path).astype(np.float32)
                     tokenizer.no_truncation()
                     tokenizer.no_padding()
-                    table = np.load(self.table_path or data_file(TABLE_FILE), mmap_mode="r")
-                    scale = np.load(self.scale_path or data_file(SCALE_FILE)).astype(np.float32)
                     if table.ndim != 2 or scale.shape != (len(table),):
                         raise ValueError(f"table {table.shape} and scales {scale.shape} do not match")
                     self._loaded = (tokenizer, table, scale)

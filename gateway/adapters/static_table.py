@@ -10,6 +10,8 @@ projection is kept beside them so a test can check rows against the model.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.resources import as_file, files
 from pathlib import Path
 
@@ -55,9 +57,12 @@ def distil(session: ort.InferenceSession, pieces: int) -> tuple[npt.NDArray[np.i
     return table, scale, axes
 
 
-def data_file(name: str) -> Path:
+@contextmanager
+def data_file(name: str) -> Iterator[Path]:
+    """A shipped data file's path while the block runs (a temporary copy where the package is zipped:
+    read it, or map it, inside the block; a mapping outlives the copy on POSIX)."""
     with as_file(files("gateway.adapters") / "data" / name) as path:
-        return Path(path)
+        yield Path(path)
 
 
 def main() -> None:
@@ -68,8 +73,9 @@ def main() -> None:
     assert session is not None
     table, scale, axes = distil(session, embedder._tokenizer.get_vocab_size())
     for name, array in ((TABLE_FILE, table), (SCALE_FILE, scale), (AXES_FILE, axes)):
-        np.save(data_file(name), array)
-        print(f"wrote {data_file(name)} {array.shape} {array.dtype}")
+        with data_file(name) as path:
+            np.save(path, array)
+        print(f"wrote {path} {array.shape} {array.dtype}")
 
 
 if __name__ == "__main__":
