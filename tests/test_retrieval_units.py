@@ -451,6 +451,44 @@ def test_leads_are_read_beside_the_question_term_and_a_short_statement_leads_fir
     assert "ix_refunds_status" not in named and "pg-archive" not in named
 
 
+def test_the_answer_to_a_turn_naming_the_question_term_leads_by_its_first_statement() -> None:
+    """The assistant's answer to a user's turn about the term states the link without repeating it
+    ("replaced by batch-gate"), or first and apart from the sentence naming it ("Exactly one writer:
+    tally-svc."); a user's turn after an assistant's naming the term is no answer to it."""
+    asked = "what's the cron expression for the service that replaced frame-decoder?"
+    path = path_of(
+        "what's the status of frame-decoder? still in the deploy list",
+        "Per the migration notes it's been replaced by batch-gate; kept only for rollback.\n\n"
+        "Watch `http_requests_total` after the change.",
+        "frame-decoder's cron runs every 5 min.",
+        "ok, noted: see INC-7 and lb-eu-2",
+        roles=("user", "assistant", "assistant", "user"),
+    )
+    texts = lowered_texts(path)
+    ranked = [Candidate(f"n{i}", 1.0 - i / 10, views=["k"]) for i in range(4)]
+    named = leads(asked, ["frame-decoder"], ranked, path, positions_of(path), texts)
+    assert next(iter(named)) == "batch-gate" and named["batch-gate"].node_id == "n1"
+    assert "inc-7" not in named and "http_requests_total" not in named
+    asked = "what's the cron expression for the job that loads sensor_readings?"
+    path = path_of(
+        "who writes to sensor_readings?",
+        "Exactly one writer: tally-svc. It runs a `COPY sensor_readings (tenant_id, ts) FROM STDIN`.",
+    )
+    texts = lowered_texts(path)
+    ranked = [Candidate("n1", 1.0, views=["k"]), Candidate("n0", 0.5, views=["k"])]
+    named = leads(asked, ["sensor_readings"], ranked, path, positions_of(path), texts)
+    assert next(iter(named)) == "tally-svc"
+    # A turn asking two things is answered on either: its answer is read as any other match.
+    path = path_of(
+        "Is sensor_readings partitioned? Also, which page size does /v1/prices use?",
+        "Comparing the drafts: v1/prices pages by 50.",
+        "sensor_readings is partitioned by day on pg-main.",
+    )
+    texts = lowered_texts(path)
+    ranked = [Candidate(f"n{i}", 1.0 - i / 10, views=["k"]) for i in (1, 2, 0)]
+    assert list(leads(asked, ["sensor_readings"], ranked, path, positions_of(path), texts)) == ["pg-main"]
+
+
 def test_an_identifier_said_everywhere_still_leads_from_beside_the_question_term() -> None:
     path = path_of("Root cause of INC-4666: shipment-svc.", *(f"shipment-svc deploy {i}" for i in range(9)))
     texts = lowered_texts(path)

@@ -2,7 +2,8 @@
 question does not ("nightly-export runs on etl-07" for "where does nightly-export run?") are searched for
 too, and what holds them ranks at HOP_SHARE of the match that named them, less further down the keyword
 ranking of the messages alone. With the question's exact terms, leads are read beside them in any of the
-HOP_POOL best matches that state them, a short statement's first; without, anywhere in the HOP_FROM best.
+HOP_POOL best matches that state them, a short statement's first, and in the first statement of the
+assistant's answer to a user's question naming them; without, anywhere in the HOP_FROM best.
 A find that also says what was asked goes first among the finds and confirms its source. `leads` and
 `follow` are pure; `second_hop` adds the keyword searches between them, one per lead."""
 
@@ -126,18 +127,7 @@ def leads(
 ) -> dict[str, Candidate]:
     """The terms worth a second search (identifiers first, then names, HOP_TERMS at most), each with the
     match that named it; `asked` is the question in lower case."""
-    # Matched by a search (not only a neighbour's), and holding the question's own terms if any do.
-    searched = [c for c in ranked if c.views]
-    # A turn that only asks about the question's terms (the same question asked before) states no link.
-    own = [c for c in searched if any(states(texts[c.node_id], t) for t in matched_terms)]
-    words = topic(asked, tuple(matched_terms))
-    pool = (own or searched)[:HOP_POOL]
-    # Read beside the question's terms, every source of the pool may hold the link; without terms, the
-    # statements of the best HOP_FROM are read (a turn that asked the question again shares most words).
-    if matched_terms:
-        sources = sorted(pool, key=lambda c: -shared_words(texts[c.node_id], words))  # stable
-    else:
-        sources = sorted(pool, key=lambda c: -shared_words(statements(texts[c.node_id]), words))[:HOP_FROM]
+    sources, replies = _sources(asked, matched_terms, ranked, path, positions, texts)
     named: dict[str, Candidate] = {}
     names: set[str] = set()
     phrases: dict[str, Candidate] = {}
@@ -152,12 +142,18 @@ def leads(
         return whole
 
     for order, source in enumerate(sources):
-        said = linking(message_text(path[positions[source.node_id]].message), matched_terms)
-        its_names = capitalised_names(said)
-        names.update(its_names)
-        here = [t for t in named_terms(said) if not _asked(t, asked, matched_terms)]
-        here = [t for t in here if _rare_or_linked(t, said, its_names, matched_terms, texts)]
-        said_by.append((order, source, here))
+        text = message_text(path[positions[source.node_id]].message)
+        # An answer's first statement weighs apart from the rest: its link is all it names.
+        parts = (
+            answering(text, matched_terms) if source.node_id in replies else [linking(text, matched_terms)]
+        )
+        said = "\n".join(parts)
+        for part in parts:
+            its_names = capitalised_names(part)
+            names.update(its_names)
+            here = [t for t in named_terms(part) if not _asked(t, asked, matched_terms)]
+            here = [t for t in here if _rare_or_linked(t, part, its_names, matched_terms, texts)]
+            said_by.append((order, source, here))
         if order < HOP_FROM and _CJK_STRETCH.search(said):  # each is counted over the whole path
             phrases |= {p: source for p in cjk_phrases(said.lower(), asked, path_texts()) if p not in phrases}
         elif order < HOP_FROM and matched_terms:
@@ -188,6 +184,33 @@ def leads(
             for pair in word_pairs(said, asked, lowered):
                 ordered.setdefault(pair, source)
     return dict(list({**ordered, **phrases}.items())[:HOP_TERMS])
+
+
+def _sources(
+    asked: str,
+    matched_terms: list[str],
+    ranked: list[Candidate],
+    path: list[HistoryItem],
+    positions: dict[str, int],
+    texts: dict[str, str],
+) -> tuple[list[Candidate], set[str]]:
+    """The matches leads are read from, in order, and those of them that answer a user's question."""
+    # Matched by a search (not only a neighbour's), and holding the question's own terms if any do.
+    searched = [c for c in ranked if c.views]
+    # A turn that only asks about the question's terms (the same question asked before) states no link;
+    # the answer to a user's turn naming them states it without repeating them ("what's the status of
+    # frame-decoder?" -> "it's been replaced by batch-gate").
+    replies = {c.node_id for c in searched if replies_about(c, path, positions, matched_terms)}
+    own = [
+        c for c in searched if c.node_id in replies or any(states(texts[c.node_id], t) for t in matched_terms)
+    ]
+    words = topic(asked, tuple(matched_terms))
+    pool = (own or searched)[:HOP_POOL]
+    # Read beside the question's terms, every source of the pool may hold the link; without terms, the
+    # statements of the best HOP_FROM are read (a turn that asked the question again shares most words).
+    if matched_terms:
+        return sorted(pool, key=lambda c: -shared_words(texts[c.node_id], words)), replies  # stable
+    return sorted(pool, key=lambda c: -shared_words(statements(texts[c.node_id]), words))[:HOP_FROM], replies
 
 
 # Where a sentence or line starts: after these, past spaces, quotes, brackets and list marks.
@@ -236,6 +259,34 @@ def linking(said: str, terms: list[str]) -> str:
         return statements(said)
     pieces = [p for p in _PIECES.split(said) if any(contains_term(p.lower(), t) for t in terms)]
     return "\n".join(pieces) or said
+
+
+def replies_about(
+    candidate: Candidate, path: list[HistoryItem], positions: dict[str, int], terms: list[str]
+) -> bool:
+    """Whether `candidate` is the assistant's answer to a user's one question, naming one of `terms` (a
+    turn that only mentions one asks nothing about it; one asking three things is answered on any)."""
+    at = positions[candidate.node_id]
+    if not terms or at == 0 or path[at].message.get("role") != "assistant":
+        return False
+    before = path[at - 1].message
+    if before.get("role") != "user":
+        return False
+    pieces = _PIECES.split(message_text(before).lower())
+    questions = [p for p in pieces if p.rstrip().endswith(_QUESTION_MARKS)]
+    return len(questions) == 1 and any(contains_term(questions[0], t) for t in terms)
+
+
+def answering(said: str, terms: list[str]) -> list[str]:
+    """Where an answer states its link, in parts weighed apart: its first statement ("Exactly one writer:
+    tally-svc. It runs a COPY sensor_readings ..."), then the other sentences naming the question's
+    `terms`; all of it where the first names nothing and no other names a term (a code block answers)."""
+    pieces = [p for p in _PIECES.split(said) if p.strip()]
+    first = next((p for p in pieces if not p.rstrip().endswith(_QUESTION_MARKS)), "")
+    beside = [p for p in pieces if p != first and any(contains_term(p.lower(), t) for t in terms)]
+    if not beside and not named_terms(first):
+        return [said]
+    return [first, "\n".join(beside)] if beside else [first]
 
 
 def statements(said: str) -> str:
