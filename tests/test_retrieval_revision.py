@@ -113,3 +113,16 @@ def test_chinese_decisions_said_as_settled_at_last_or_agreed() -> None:
 
 def test_kebab_names_leave_channels_out() -> None:
     assert kebab_names("ledger-api posts to #ops-alerts, see the wiki#") == {"ledger-api"}
+
+
+def test_a_decision_said_in_any_form_of_its_idiom_is_one() -> None:
+    """ "Landing on", "went with", "sticking with": the same idioms as "landed", "go with" (a loose final
+    revision was missed for its "-ing"); a plan to pick a window or a landing page decides nothing."""
+    question = "What did we finally settle on for the wire format of backfill-runner?"
+    texts = [
+        "Talked to Dmitri again about the format... landing on protobuf. For real this time.",  # n0
+        "We went with JSON for the format at first.",  # n1
+        "Let's pick a window for the format migration.",  # n2: not a decision
+        "The landing page format is fine.",  # n3: not a decision
+    ]
+    assert sorted(promoted_for(question, texts, set())) == ["n0", "n1"]

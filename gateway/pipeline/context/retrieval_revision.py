@@ -23,13 +23,16 @@ from gateway.text import message_text
 
 PROMOTED = 2
 # A sentence ends at ". ", "? " or "! ", or at the full-width stop, question and exclamation marks (CJK
-# text leaves no space after them).
-_SENTENCES = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])\s*|\n+")
+# text leaves no space after them); not at an ellipsis, which trails on ("about the format... landing
+# on protobuf").
+_SENTENCES = re.compile(r"(?<=[.!?])(?<!\.\.\.)\s+|(?<=[\u3002\uff01\uff1f])\s*|\n+")
 _ASKED = ("?", "\uff1f")
 DECISIONS_SEEN = 24  # the newest decisions on the topic looked at (the window's included: they link people)
 _DECISION = re.compile(
-    r"\b(?:decid(?:e|ed|ing)|decision|settled?|agreed?|final(?:ly)?|going with|go with|landed|approved?|"
-    r"conclu(?:ded|sion)|chose|chosen|picked|switch(?:ed)? to|chang(?:e|ed) (?:it )?to|sign(?:ed)? off)\b|"
+    r"\b(?:decid(?:e|es|ed|ing)|decision|settl(?:e|es|ed|ing)|agree(?:s|d|ing)?|final(?:ly)?|"
+    r"go(?:es|ing)? with|went with|land(?:s|ed|ing)? on|landed|stick(?:s|ing)? with|stuck with|approved?|"
+    r"conclu(?:ded|sion)|chose|chosen|picked|switch(?:es|ed|ing)? to|chang(?:e|es|ed|ing) (?:it )?to|"
+    r"sign(?:s|ed)? off)\b|"
     r"定了|定下|最后定|最後定|决定|決定|结论|結論|最终|最終|批了|批准|敲定|拍板|商量好|商定|说好了|說好了|就这么定|"
     r"就這麼定|确定|確定|采用|採用|改成|改为|改為|选了|選了|"
     r"결정|확정|합의"
