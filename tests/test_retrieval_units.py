@@ -11,6 +11,7 @@ import pytest
 
 from gateway.adapters.keyword_rank import ViewRanker
 from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.context.answer_kinds import asked_kinds, holds_kind
 from gateway.pipeline.context.question import topic
 from gateway.pipeline.context.ranking import (
     RARE_TERM,
@@ -38,6 +39,7 @@ from gateway.pipeline.context.retrieval_groups import (
 from gateway.pipeline.context.retrieval_hop import (
     HOP_SHARE,
     HOP_TERMS,
+    Asked,
     capitalised_inside,
     follow,
     leads,
@@ -374,7 +376,7 @@ def test_a_hit_that_says_what_was_asked_confirms_the_link_and_lifts_its_source()
     hits = [IndexHit(node_id, "c", "m", 0, DAY, 1.0) for node_id in ("n1", "n2")]
     asked = "how full was the disk of the database tally-api writes to?"
     words = topic(asked, ("tally-api",))
-    follow(hits, {"pg-main": source}, ranked, path, positions_of(path), set(), texts, {}, (words, ()))
+    follow(hits, {"pg-main": source}, ranked, path, positions_of(path), set(), texts, {}, Asked(words, ()))
     # The find that says "disk" goes first among the finds, though the keyword ranking put it second.
     assert [(c.node_id, c.score) for c in ranked[1:]] == [
         ("n2", pytest.approx(HOP_SHARE)),
@@ -399,7 +401,7 @@ def test_a_find_saying_what_was_asked_beside_its_lead_comes_first_and_a_question
     texts = lowered_texts(path)
     hits = [IndexHit(node_id, "c", "m", 0, DAY, 1.0) for node_id in ("n1", "n2", "n4", "n3")]
     words = topic("which repository holds the code behind /v1/tenants/:id?", ("v1/tenants/:id",))
-    follow(hits, {"otp-sender": source}, ranked, path, positions_of(path), set(), texts, {}, (words, ()))
+    follow(hits, {"otp-sender": source}, ranked, path, positions_of(path), set(), texts, {}, Asked(words, ()))
     assert [(c.node_id, c.score) for c in ranked] == [
         ("n0", pytest.approx(1.0 + HOP_SHARE)),  # confirmed once, by its best find
         ("n3", pytest.approx(HOP_SHARE)),
@@ -407,6 +409,37 @@ def test_a_find_saying_what_was_asked_beside_its_lead_comes_first_and_a_question
         ("n4", pytest.approx(HOP_SHARE * (1 + HOP_SHARE) / 3)),
         ("n2", pytest.approx(HOP_SHARE * (1 + HOP_SHARE) / 4)),
     ]
+
+
+def test_the_kind_of_value_asked_for_is_read_from_the_question_and_found_in_texts() -> None:
+    kinds = asked_kinds("what's the private ip of the box forecast-trainer runs on?")
+    assert holds_kind("10.26.100.171\tml-us-02", kinds) and not holds_kind("ml-us-02 is ancient", kinds)
+    assert holds_kind("memory: 1536mi", asked_kinds("生产上最多能用多少内存？"))
+    assert holds_kind('schedule: "45 */5 * * *"', asked_kinds("what's the cron expression for batch-gate?"))
+    assert holds_kind("ports:\n  - port: 8023", asked_kinds("which port does sprout-sync listen on?"))
+    assert not holds_kind("listening since 2023", asked_kinds("which port does sprout-sync listen on?"))
+    assert asked_kinds("who built the feature behind ff_async_export?") == ()
+
+
+def test_a_find_holding_a_value_of_the_kind_asked_for_says_what_was_asked() -> None:
+    """A hosts file shares no word with "the private IP of the box", but gives the box's address: it comes
+    before a later find that names the box and says nothing of it, and confirms its source."""
+    asked = "what's the private ip of the box forecast-trainer runs on?"
+    path = path_of(
+        "ssh'd into ml-us-02 to look at forecast-trainer, the unit file is ancient",
+        "dns is flaky so I hardcoded these\n10.26.100.161\tetl-us-09\n10.26.100.171\tml-us-02",
+        "ml-us-02 is due for a kernel patch",
+    )
+    source = Candidate("n0", 1.0, views=["m"])
+    ranked = [source]
+    hits = [IndexHit(node_id, "c", "m", 0, DAY, 1.0) for node_id in ("n2", "n1")]
+    terms = ("forecast-trainer",)
+    follow(
+        hits, {"ml-us-02": source}, ranked, path, positions_of(path), set(), lowered_texts(path), {},
+        Asked(topic(asked, terms), terms, asked_kinds(asked)),
+    )  # fmt: skip
+    assert [c.node_id for c in ranked] == ["n0", "n1", "n2"]
+    assert source.score == pytest.approx(1.0 + HOP_SHARE)
 
 
 def test_a_url_parameter_s_value_beside_the_question_term_is_no_lead() -> None:

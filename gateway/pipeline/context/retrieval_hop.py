@@ -13,12 +13,13 @@ import itertools
 import re
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import anyio
 
 from gateway.errors import StoreError
 from gateway.pipeline.call import HistoryItem
+from gateway.pipeline.context.answer_kinds import asked_kinds, holds_kind
 from gateway.pipeline.context.question import (
     capitalised_names,
     contains_term,
@@ -112,7 +113,9 @@ async def second_hop(
         return [], 0  # the first hop's ranking stands
     # A find holding two leads comes once per lead and ranks for each, as the one query's scores summed.
     hits = [hit for row in itertools.zip_longest(*found) for hit in row if hit is not None]
-    asked = topic(query.text, tuple(matched_terms)), tuple(matched_terms)
+    asked = Asked(
+        topic(query.text, tuple(matched_terms)), tuple(matched_terms), asked_kinds(query.text.lower())
+    )
     confirmed = follow(hits, named, ranked, path, positions, recent, texts, dates, asked)
     return list(named), confirmed
 
@@ -345,7 +348,7 @@ def follow(
     recent: set[str | None],
     texts: dict[str, str],
     dates: dict[str, datetime | None],
-    asked: tuple[frozenset[str], tuple[str, ...]] = (frozenset(), ()),
+    asked: Asked | None = None,
 ) -> int:
     """Rank the second search's keyword `hits` that hold a lead into `ranked` (re-sorted), below the
     match that named them; a hit new to the ranking joins it. A hit that also says what was `asked`
@@ -365,7 +368,7 @@ def follow(
         held = [t for t, s in named.items() if _holds(text, t) and s.node_id != hit.node_id]
         if not held:
             continue  # matched a piece of a term only ("etl" of "etl-07")
-        finds.append((hit, [named[t] for t in held], saying(text, held, asked)))
+        finds.append((hit, [named[t] for t in held], saying(text, held, asked or Asked(frozenset(), ()))))
     # The finds that say what was asked first: a lead named all over the path ("fx-rates") put its one
     # linking statement ("fx-rates 的源码在 git/ledger") tenth among its finds, at a tenth of the share.
     finds.sort(key=lambda find: find[2].order)  # stable: keyword order within each kind
@@ -402,15 +405,26 @@ class Saying:
         return (not self.beside, not self.whole, self.asks)
 
 
-def saying(text: str, leads: list[str], asked: tuple[frozenset[str], tuple[str, ...]]) -> Saying:
-    """What a find's `text` (lower case) holding `leads` says of what was `asked` (topic words, terms).
+class Asked(NamedTuple):
+    """What a question asks, as its second hop's finds are read for it."""
+
+    words: frozenset[str]  # its topic words (`topic`)
+    terms: tuple[str, ...]  # its exact terms
+    kinds: tuple[re.Pattern[str], ...] = ()  # the kinds of value it asks for (answer_kinds.py)
+
+
+def saying(text: str, leads: list[str], asked: Asked) -> Saying:
+    """What a find's `text` (lower case) holding `leads` says of what was `asked` (topic words, terms,
+    the kinds of value asked for: a hosts file line gives "the private IP").
     A long turn shares a topic word somewhere ("error codes" for "the code behind") and asks about the
     lead elsewhere ("does it hit otp-sender?"): "otp-sender's code is in git/billing-edge" says it beside
     the lead and comes before that turn, which still comes before a statement saying no word of it."""
-    words, terms = asked
+    words, terms, kinds = asked
 
     def says(part: str) -> bool:
-        return bool(shared_words(part, words) or any(contains_term(part, t) for t in terms))
+        return bool(
+            shared_words(part, words) or any(contains_term(part, t) for t in terms) or holds_kind(part, kinds)
+        )
 
     pieces = [p for p in _PIECES.split(text) if any(_holds(p, t) for t in leads)] or [text]
     stated = "\n".join(p for p in pieces if not p.rstrip().endswith(_QUESTION_MARKS))
