@@ -44,6 +44,7 @@ from gateway.pipeline.context.retrieval_hop import (
     follow,
     leads,
     query_value,
+    replies_about,
     second_hop,
     word_pairs,
 )
@@ -520,6 +521,7 @@ def test_the_answer_to_a_turn_naming_the_question_term_leads_by_its_first_statem
     texts = lowered_texts(path)
     ranked = [Candidate(f"n{i}", 1.0 - i / 10, views=["k"]) for i in (1, 2, 0)]
     assert list(leads(asked, ["sensor_readings"], ranked, path, positions_of(path), texts)) == ["pg-main"]
+    assert not replies_about(Candidate("elsewhere"), path, positions_of(path), ["sensor_readings"])
 
 
 def test_an_identifier_said_everywhere_still_leads_from_beside_the_question_term() -> None:

@@ -269,8 +269,8 @@ def replies_about(
 ) -> bool:
     """Whether `candidate` is the assistant's answer to a user's one question, naming one of `terms` (a
     turn that only mentions one asks nothing about it; one asking three things is answered on any)."""
-    at = positions[candidate.node_id]
-    if not terms or at == 0 or path[at].message.get("role") != "assistant":
+    at = positions.get(candidate.node_id)
+    if not terms or not at or path[at].message.get("role") != "assistant":
         return False
     before = path[at - 1].message
     if before.get("role") != "user":
