@@ -18,10 +18,11 @@ import logging
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +43,45 @@ MAX_PIECES = 512
 Ints = npt.NDArray[np.uint16]  # word-piece ids: the vocabulary holds 30,522
 Floats = npt.NDArray[np.float32]
 _Loaded = tuple[BertWordPieceTokenizer, npt.NDArray[np.int8], Floats]
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Kept(Generic[K, V]):
+    """The last `bound()` entries put, thread-safe, and the bytes they hold (`size` of each)."""
+
+    def __init__(self, bound: Callable[[], int], size: Callable[[V], int]) -> None:
+        self._bound, self._size = bound, size
+        self._entries: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            known = self._entries.get(key)
+            if known is not None:
+                self._entries.move_to_end(key)
+            return known
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = value
+                self.bytes += self._size(value)
+            while len(self._entries) > self._bound():
+                self.bytes -= self._size(self._entries.popitem(last=False)[1])
+
+    def values(self) -> list[V]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.bytes = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,19 +98,20 @@ class StaticMeaning:
     scale_path: Path | None = None
     vocab_path: Path | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    _histories: OrderedDict[tuple[int, int], _History] = field(
-        default_factory=OrderedDict, init=False, repr=False
+    _histories: _Kept[tuple[int, int], _History] = field(
+        default_factory=lambda: _Kept(lambda: HISTORIES, lambda h: h.vectors.nbytes + h.idf.nbytes),
+        init=False,
+        repr=False,
     )
     # Keyed by the text's hash, not the text: a tool result of 50 KB is not kept alive for its pieces.
-    _pieced: OrderedDict[int, Ints] = field(default_factory=OrderedDict, init=False, repr=False)
-    _pieced_bytes: int = field(default=0, init=False, repr=False)
+    _pieced: _Kept[int, Ints] = field(
+        default_factory=lambda: _Kept(lambda: PIECED_TEXTS, sys.getsizeof), init=False, repr=False
+    )
     _loaded: _Loaded | None = field(default=None, init=False, repr=False)
     _failed: bool = field(default=False, init=False, repr=False)
 
     def cache_bytes(self) -> dict[str, int]:
-        with self._lock:
-            histories = sum(h.vectors.nbytes + h.idf.nbytes for h in self._histories.values())
-            return {"static_pieces": self._pieced_bytes, "static_histories": histories}
+        return {"static_pieces": self._pieced.bytes, "static_histories": self._histories.bytes}
 
     def __call__(self, question: str, texts: Sequence[str], limit: int) -> list[tuple[int, float]]:
         if limit <= 0 or not texts or self._load() is None:
@@ -124,21 +165,13 @@ class StaticMeaning:
         return loaded
 
     def _pieces(self, text: str) -> Ints:
-        key = hash(text)
-        with self._lock:
-            known = self._pieced.get(key)
-            if known is not None:
-                self._pieced.move_to_end(key)
-                return known
+        known = self._pieced.get(hash(text))
+        if known is not None:
+            return known
         tokenizer, _, _ = self._loaded_now()
         ids = tokenizer.encode(text, add_special_tokens=False).ids[:MAX_PIECES]
         pieces: Ints = np.asarray(ids, dtype=np.uint16)
-        with self._lock:
-            if key not in self._pieced:
-                self._pieced[key] = pieces
-                self._pieced_bytes += sys.getsizeof(pieces)
-            while len(self._pieced) > PIECED_TEXTS:
-                self._pieced_bytes -= sys.getsizeof(self._pieced.popitem(last=False)[1])
+        self._pieced.put(hash(text), pieces)
         return pieces
 
     def _mean(self, pieces: Ints, idf: Floats) -> Floats:
@@ -151,11 +184,9 @@ class StaticMeaning:
 
     def _history(self, texts: Sequence[str]) -> _History:
         key = (len(texts), hash(tuple(texts)))
-        with self._lock:
-            known = self._histories.get(key)
-            if known is not None:
-                self._histories.move_to_end(key)
-                return known
+        known = self._histories.get(key)
+        if known is not None:
+            return known
         _, table, _ = self._loaded_now()
         pieced = [self._pieces(t) for t in texts]
         df = np.zeros(len(table), dtype=np.float32)
@@ -167,8 +198,5 @@ class StaticMeaning:
             if len(pieces):
                 vectors[row] = self._mean(pieces, idf)
         history = _History(vectors, idf)
-        with self._lock:
-            self._histories[key] = history
-            while len(self._histories) > HISTORIES:
-                self._histories.popitem(last=False)
+        self._histories.put(key, history)
         return history
