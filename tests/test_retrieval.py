@@ -221,6 +221,25 @@ def test_a_present_tense_question_whose_name_the_window_says_still_gets_the_old_
     assert retrieval["why"] == "an old message matches it better than the window"
 
 
+def test_a_past_tense_question_that_nothing_matches_closely_still_recalls(
+    upstream: Upstream, make_gateway: Callable[..., Gateway]
+) -> None:
+    # None of the question's words is written where the findings were said, so no old message matches it
+    # closely; it asks about the past all the same, and only old messages can answer it.
+    gateway = gateway_with(make_gateway, upstream)
+    history = [
+        {"role": "user", "content": "first finding: export download links are guessable, sequential ids"},
+        {"role": "assistant", "content": "Noted."},
+        *filler(60),
+        {"role": "user", "content": "Thanks."},
+    ]
+    injected_text, retrieval = indexed_then_asked(
+        gateway, upstream, history, "What did the pen testers flag?"
+    )
+    assert retrieval["why"] == "a question about the past"
+    assert "export download links are guessable" in injected_text
+
+
 def indexed_then_asked(
     gateway: Gateway, upstream: Upstream, history: list[dict[str, Any]], question: str
 ) -> tuple[str, dict[str, Any]]:

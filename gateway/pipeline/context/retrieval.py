@@ -113,7 +113,6 @@ class RetrievalSection:
         if not found.on_path:
             return 0
         facts = found.facts
-        fair = self.similarity.fair
         # What goes in the tail is uncached on every turn it appears (design.md section 14): only for a
         # question about the past, one naming a term or a name that only old messages hold, a close match,
         # a link the second hop confirmed in old messages, or a question an old message matches better by
@@ -124,9 +123,10 @@ class RetrievalSection:
         # A name the question says ("a thank-you note to Priya") that only old messages hold points back as
         # such a term does.
         old_names = [] if old_only else self._old_names(found, question, window)
-        # A statement in the past tense is no recall.
+        # A statement in the past tense is no recall; a question in it is, matched closely or not ("what
+        # did the pen testers flag?" names nothing the history writes).
         asks = _ASKS.search(question) is not None
-        past = facts.time_range is not None or (asks and found.best_similarity >= fair)
+        past = facts.time_range is not None or asks
         # A question that old messages answer closely is one about the past too, in any tense.
         close_question = asks and found.best_similarity >= self.similarity.close
         # Old messages still waiting for their vectors (a long history that just arrived) cannot be
