@@ -140,6 +140,12 @@ def test_past_pointing_questions() -> None:
     assert analyse("remember the name we chose?", NOW).about_past
     assert analyse("show me last week's numbers", NOW).about_past  # a time reference counts
     assert not analyse("Write a haiku about autumn leaves", NOW).about_past
+    assert analyse("What did the pen testers flag?", NOW).in_past_tense
+    assert analyse("我们之前定的端口是多少？", NOW).in_past_tense
+    # Beside the past, not in it: about the past only where old messages match it (retrieval.py).
+    assert analyse("What should I check before deploying?", NOW).about_past
+    assert not analyse("What should I check before deploying?", NOW).in_past_tense
+    assert not analyse("Can you try that again?", NOW).in_past_tense
 
 
 @pytest.mark.parametrize("question", ["what happened 3000 years ago?", "in may 0000", "99999999999 days ago"])

@@ -52,6 +52,8 @@ _PAST = re.compile(
     r"(?:we|you|i|they|he|she)\s+(?:said|told|mentioned|decided|agreed|picked|chose|discussed|talked|"
     r"asked|used|tried|found|blamed|settled|went|got|made|wrote|shared))\b"
 )
+# Words of _PAST that point near the past without asking about it ("check before deploying").
+_NEAR_PAST = frozenset(["earlier", "before", "again"])
 # Identifier-like terms searched verbatim: with a digit, dot, underscore, slash or inner capital, or quoted.
 # An identifier is a run of these characters holding a digit, an inner dot, underscore or slash, or a
 # camelCase hump. Runs are found first and tested apart (one pass, linear): one pattern doing both
@@ -181,12 +183,17 @@ class QuestionFacts:
     asks_why: bool = False  # asks for a reason ("why", "what was the reason", "为什么", "왜")
     asks_current: bool = False  # asks where something stands now ("current", "end up with", "目前")
     acronyms: tuple[str, ...] = ()  # what its phrases would be written as in capitals ("dlq")
+    # Said in the past tense or of what was said ("did", "was", "we decided", "记得"), not only beside the
+    # past ("check before deploying", "try again"): such a question recalls however old messages score.
+    in_past_tense: bool = False
 
 
 def analyse(question: str, now: datetime) -> QuestionFacts:
     lowered = question.lower()
     time_range = time_range_of(lowered, now)
-    past = _PAST.search(lowered) is not None or _LOCAL_PAST.search(lowered) is not None
+    loose = {m.group(1) for m in _PAST.finditer(lowered)}
+    tense = bool(loose - _NEAR_PAST) or _LOCAL_PAST.search(lowered) is not None
+    past = tense or bool(loose)
     return QuestionFacts(
         about_past=time_range is not None or past,
         time_range=time_range,
@@ -194,6 +201,7 @@ def analyse(question: str, now: datetime) -> QuestionFacts:
         asks_why=_WHY.search(lowered) is not None,
         asks_current=_CURRENT.search(lowered) is not None,
         acronyms=acronyms(question),
+        in_past_tense=tense,
     )
 
 

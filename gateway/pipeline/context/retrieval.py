@@ -124,9 +124,11 @@ class RetrievalSection:
         # such a term does.
         old_names = [] if old_only else self._old_names(found, question, window)
         # A statement in the past tense is no recall; a question in it is, matched closely or not ("what
-        # did the pen testers flag?" names nothing the history writes).
+        # did the pen testers flag?" names nothing the history writes); one only beside the past ("what
+        # should I check before deploying?") when old messages match it at least fairly.
         asks = _ASKS.search(question) is not None
-        past = facts.time_range is not None or asks
+        fair = found.best_similarity >= self.similarity.fair
+        past = facts.time_range is not None or (asks and (facts.in_past_tense or fair))
         # A question that old messages answer closely is one about the past too, in any tense.
         close_question = asks and found.best_similarity >= self.similarity.close
         # Old messages still waiting for their vectors (a long history that just arrived) cannot be
