@@ -191,9 +191,10 @@ class QuestionFacts:
 def analyse(question: str, now: datetime) -> QuestionFacts:
     lowered = question.lower()
     time_range = time_range_of(lowered, now)
-    loose = {m.group(1) for m in _PAST.finditer(lowered)}
-    tense = bool(loose - _NEAR_PAST) or _LOCAL_PAST.search(lowered) is not None
-    past = tense or bool(loose)
+    marks = {m.group(1) for m in _PAST.finditer(lowered)}
+    local = _LOCAL_PAST.search(lowered) is not None
+    tense = bool(marks - _NEAR_PAST) or local
+    past = bool(marks) or local
     return QuestionFacts(
         about_past=time_range is not None or past,
         time_range=time_range,

@@ -339,6 +339,17 @@ def word_pairs(said: str, asked: str, path_texts: list[str]) -> list[str]:
     return [p for _, p in rare[:CJK_LEADS]]
 
 
+class Asked(NamedTuple):
+    """What a question asks, as its second hop's finds are read for it."""
+
+    words: frozenset[str]  # its topic words (`topic`)
+    terms: tuple[str, ...]  # its exact terms
+    kinds: tuple[re.Pattern[str], ...] = ()  # the kinds of value it asks for (answer_kinds.py)
+
+
+_NOTHING_ASKED = Asked(frozenset(), ())
+
+
 def follow(
     hits: list[IndexHit],
     named: dict[str, Candidate],
@@ -348,7 +359,7 @@ def follow(
     recent: set[str | None],
     texts: dict[str, str],
     dates: dict[str, datetime | None],
-    asked: Asked | None = None,
+    asked: Asked = _NOTHING_ASKED,
 ) -> int:
     """Rank the second search's keyword `hits` that hold a lead into `ranked` (re-sorted), below the
     match that named them; a hit new to the ranking joins it. A hit that also says what was `asked`
@@ -368,7 +379,7 @@ def follow(
         held = [t for t, s in named.items() if _holds(text, t) and s.node_id != hit.node_id]
         if not held:
             continue  # matched a piece of a term only ("etl" of "etl-07")
-        finds.append((hit, [named[t] for t in held], saying(text, held, asked or Asked(frozenset(), ()))))
+        finds.append((hit, [named[t] for t in held], saying(text, held, asked)))
     # The finds that say what was asked first: a lead named all over the path ("fx-rates") put its one
     # linking statement ("fx-rates 的源码在 git/ledger") tenth among its finds, at a tenth of the share.
     finds.sort(key=lambda find: find[2].order)  # stable: keyword order within each kind
@@ -403,14 +414,6 @@ class Saying:
     def order(self) -> tuple[bool, bool, bool]:
         """Finds sort by this: saying it beside the lead first, then anywhere, questions last."""
         return (not self.beside, not self.whole, self.asks)
-
-
-class Asked(NamedTuple):
-    """What a question asks, as its second hop's finds are read for it."""
-
-    words: frozenset[str]  # its topic words (`topic`)
-    terms: tuple[str, ...]  # its exact terms
-    kinds: tuple[re.Pattern[str], ...] = ()  # the kinds of value it asks for (answer_kinds.py)
 
 
 def saying(text: str, leads: list[str], asked: Asked) -> Saying:
