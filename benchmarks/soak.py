@@ -148,16 +148,7 @@ class Soak:
     # -- processes --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        upstream_port = free_port()
-        self._spawn(
-            [
-                sys.executable,
-                str(ROOT / "benchmarks" / "fake_upstream_server.py"),
-                "--port",
-                str(upstream_port),
-            ],
-            "upstream",
-        )
+        upstream_port = self._start_upstream()
         self.config = self.workdir / "soak.yaml"
         self.config.write_text(json.dumps(self._config(upstream_port)))
         for n in range(self.args.replicas):
@@ -192,6 +183,23 @@ class Soak:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"gateway at {url} did not start in 120 s")
                 time.sleep(0.3)
+
+    def _start_upstream(self) -> int:
+        """Start the fake upstream and wait until it accepts connections; another port if its was taken."""
+        deadline = time.monotonic() + 60
+        for attempt in range(4):
+            port = free_port()
+            argv = [sys.executable, str(ROOT / "benchmarks" / "fake_upstream_server.py"), "--port", str(port)]
+            process = self._spawn(argv, f"upstream-{attempt}" if attempt else "upstream")
+            while process.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return port
+                time.sleep(0.2)
+            if process.poll() is None:
+                break
+            # It exited at start: most likely the free port was taken before it bound it.
+        tail = self.logs[-1].read_text(errors="replace")[-3000:]
+        raise SystemExit(f"the fake upstream did not start ({self.logs[-1]}):\n{tail}")
 
     def start_worker(self) -> None:
         self.worker = self._spawn(self.worker_argv, "worker")

@@ -129,7 +129,7 @@ def _niceness_of_threads() -> dict[int, int]:
     for task in Path("/proc/self/task").iterdir():
         try:
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:  # the thread ended meanwhile
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended meanwhile (ENOENT or ESRCH)
             continue
         nice[int(task.name)] = int(fields[16])  # stat's 19th field; [0] here is the 3rd (state)
     return nice
