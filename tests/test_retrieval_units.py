@@ -37,6 +37,7 @@ from gateway.pipeline.context.retrieval_groups import (
     said_above,
 )
 from gateway.pipeline.context.retrieval_hop import (
+    HOP_COMMON,
     HOP_SHARE,
     HOP_TERMS,
     Asked,
@@ -303,6 +304,27 @@ def test_an_english_source_beside_the_question_term_leads_by_two_words_a_few_oth
     # Without a term of the question to stand beside, two words of a chat are no link.
     alone = [Candidate("n1", 1.0, views=["m"])]
     assert leads(asked, [], alone, path, positions_of(path), texts) == {}
+
+
+def test_a_latin_word_said_all_over_a_chinese_chat_leads_nowhere_and_a_rare_one_beside_the_term_does() -> (
+    None
+):
+    """In Chinese text every Latin word is a term: "staging" and "runbook", in a template under every
+    answer, filled the lead slots before "app-us-01" (blind-zh); a rare plain word ("tidewater") still
+    leads from beside the question's term."""
+    boilerplate = "也值得在 runbook 里记一笔，先在 staging 试。"
+    path = path_of(
+        "sync-api 到底跑在哪？",
+        f"跑在 app-us-01 上，替代它的是 tidewater，跟 sync-api 无关的 staging 和 runbook 另说。{boilerplate}",
+        *(f"{boilerplate} 第 {i} 次" for i in range(HOP_COMMON + 1)),
+    )
+    texts = lowered_texts(path)
+    ranked = [Candidate(f"n{i}", 1.0 - i / 20, views=["k"]) for i in range(len(path))]
+    named = leads(
+        "sync-api 所在的那台机器的内网 ip 是多少？", ["sync-api"], ranked, path, positions_of(path), texts
+    )
+    assert {"app-us-01", "tidewater"} <= named.keys()
+    assert "staging" not in named and "runbook" not in named
 
 
 def test_word_pairs_skip_function_words_the_questions_words_punctuation_and_common_or_lone_pairs() -> None:
