@@ -271,6 +271,7 @@ def test_a_chinese_source_leads_by_a_phrase_a_few_other_messages_hold() -> None:
         "发票合并藏在 ff_tax_preview 后面。",
         "发票合并是 Bogdan 的活。",
         "退款向导藏在 ff_usage_alerts 后面。",
+        roles=("assistant",),  # statements: no user's turn whose answer comes with it
     )
     texts = lowered_texts(path)
     ranked = [Candidate("n1", 1.0, views=["m"])]
@@ -292,6 +293,7 @@ def test_an_english_source_beside_the_question_term_leads_by_two_words_a_few_oth
         "The invoice merge is Ines's work.",
         "The tenant switcher is behind ff_refund_wizard.",
         "We merge invoices nightly, the invoice run is slow.",
+        roles=("assistant",),
     )
     texts = lowered_texts(path)
     ranked = [Candidate("n1", 1.0, views=["m"])]
@@ -391,6 +393,44 @@ def test_follow_ranks_a_hit_below_the_match_that_named_it_and_skips_partial_rece
     assert source.score == 1.0  # "moved to rack 4" says nothing of what was asked: no confirmation
 
 
+def test_a_user_turn_found_by_the_best_lead_brings_the_answer_after_it() -> None:
+    """ "gridcast inserts row by row, so slow" holds the lead but not the batch size asked about: the
+    assistant's turn after it, which states it, ranks as the find does. An assistant's find, a find that
+    says what was asked, or one of a lesser lead brings nothing."""
+    path = path_of(
+        "gridcast was split out of edge-agent last month",
+        "Noted.",
+        "gridcast is painfully slow on inserts",
+        "Write in chunks: BATCH_SIZE = 2000 keeps memory flat.",
+        "pg-main is slow as well",
+        "Vacuumed it.",
+    )
+    positions = positions_of(path)
+    source = Candidate("n0", 1.0, views=["m"])
+    ranked = [source]
+    texts = {"n0": "gridcast was split out of edge-agent last month"}
+    asked = "how many rows per batch does the service split out of edge-agent write?"
+    hits = [IndexHit(node_id, "c", "m", 0, DAY, 1.0) for node_id in ("n2", "n4")]
+    follow(
+        hits,
+        {"gridcast": source, "pg-main": source},
+        ranked,
+        path,
+        positions,
+        set(),
+        texts,
+        {},
+        Asked(topic(asked, ("edge-agent",)), ("edge-agent",), asked_kinds(asked)),
+    )
+    by_id = {c.node_id: c.score for c in ranked}
+    assert by_id["n3"] == pytest.approx(by_id["n2"]) == pytest.approx(HOP_SHARE)
+    assert "n5" not in by_id  # the answer after a lesser lead's find
+    # Where the answer is in the window, it is not ranked again.
+    ranked = [Candidate("n0", 1.0, views=["m"])]
+    follow(hits[:1], {"gridcast": ranked[0]}, ranked, path, positions, {"n3"}, texts, {})
+    assert [c.node_id for c in ranked] == ["n0", "n2"]
+
+
 def test_a_hit_that_says_what_was_asked_confirms_the_link_and_lifts_its_source() -> None:
     path = path_of("tally-api keeps its state in pg-main", "pg-main restarted", "Disk on pg-main hit 96%")
     source = Candidate("n0", 1.0, views=["m"])
@@ -418,6 +458,7 @@ def test_a_find_saying_what_was_asked_beside_its_lead_comes_first_and_a_question
         "Does otp-sender need a cursor?",
         "The code of otp-sender is in git/billing-edge.",
         "otp-sender restarted at noon.",
+        roles=("assistant",),
     )
     source = Candidate("n0", 1.0, views=["m"])
     ranked = [source]
@@ -727,6 +768,7 @@ def test_each_lead_is_searched_alone_so_a_common_one_does_not_crowd_out_the_othe
         "price-cache consumes from email-outbound, deployed in us-west-2.",
         *(f"us-west-2 check {i} ok" for i in range(60)),
         "email-outbound has 8 partitions, which caps consumers at 8.",
+        roles=("assistant",),
     )
     positions = positions_of(path)
     texts = lowered_texts(path)

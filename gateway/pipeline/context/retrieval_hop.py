@@ -366,10 +366,12 @@ def follow(
     """Rank the second search's keyword `hits` that hold a lead into `ranked` (re-sorted), below the
     match that named them; a hit new to the ranking joins it. A hit that also says what was `asked`
     (the question's topic words, its terms) ranks before those that do not and confirms the link: its
-    source gains as much as it does. Returns how many sources were confirmed."""
+    source gains as much as it does. A user's turn the best lead found that says nothing of it brings
+    the assistant's answer after it (`_answer_after`). Returns how many sources were confirmed."""
     by_node = {c.node_id: c for c in ranked}
     confirmed: set[str] = set()
-    finds: list[tuple[IndexHit, list[Candidate], Saying]] = []
+    finds: list[tuple[IndexHit, list[str], Saying]] = []  # (hit, the leads it holds, what it says)
+    first = next(iter(named), "")  # the best lead: its finds' answers come with them
     for hit in hits:
         # A message alone: a view with neighbours ranks a run of messages that all name the lead above the
         # one statement that says what the lead is ("etl-07 sits in the eu-west-1 rack").
@@ -381,11 +383,12 @@ def follow(
         held = [t for t, s in named.items() if _holds(text, t) and s.node_id != hit.node_id]
         if not held:
             continue  # matched a piece of a term only ("etl" of "etl-07")
-        finds.append((hit, [named[t] for t in held], saying(text, held, asked)))
+        finds.append((hit, held, saying(text, held, asked)))
     # The finds that say what was asked first: a lead named all over the path ("fx-rates") put its one
     # linking statement ("fx-rates 的源码在 git/ledger") tenth among its finds, at a tenth of the share.
     finds.sort(key=lambda find: find[2].order)  # stable: keyword order within each kind
-    for rank, (hit, sources_of, said) in enumerate(finds):
+    for rank, (hit, held, said) in enumerate(finds):
+        sources_of = [named[t] for t in held]
         candidate = by_node.get(hit.node_id)
         if candidate is None:
             candidate = by_node[hit.node_id] = Candidate(hit.node_id, created_at=hit.created_at)
@@ -399,8 +402,35 @@ def follow(
                     source.score += share
         candidate.views.append(hit.view)
         dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
+        if not said.beside and first in held:
+            _answer_after(hit.node_id, share, by_node, ranked, path, positions, recent)
     ranked.sort(key=lambda c: c.score, reverse=True)
     return len(confirmed)
+
+
+def _answer_after(
+    node_id: str,
+    share: float,
+    by_node: dict[str, Candidate],
+    ranked: list[Candidate],
+    path: list[HistoryItem],
+    positions: dict[str, int],
+    recent: set[str | None],
+) -> None:
+    """A user's turn found by its lead that does not say what was asked ("gridcast inserts row by row,
+    so slow" for how many rows it writes a batch) is answered by the assistant's turn after it: that
+    gains as much."""
+    at = positions[node_id]
+    if at + 1 >= len(path) or path[at].message.get("role") != "user":
+        return
+    reply = path[at + 1]
+    if reply.message.get("role") != "assistant" or reply.node_id is None or reply.node_id in recent:
+        return
+    candidate = by_node.get(reply.node_id)
+    if candidate is None:
+        candidate = by_node[reply.node_id] = Candidate(reply.node_id)
+        ranked.append(candidate)
+    candidate.score += share
 
 
 @dataclass(frozen=True, slots=True)
