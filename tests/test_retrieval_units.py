@@ -425,6 +425,7 @@ def test_a_user_turn_found_by_the_best_lead_brings_the_answer_after_it() -> None
     by_id = {c.node_id: c.score for c in ranked}
     assert by_id["n3"] == pytest.approx(by_id["n2"]) == pytest.approx(HOP_SHARE)
     assert "n5" not in by_id  # the answer after a lesser lead's find
+    assert next(c for c in ranked if c.node_id == "n3").created_at == DAY  # its question's exchange
     # Where the answer is in the window, it is not ranked again.
     ranked = [Candidate("n0", 1.0, views=["m"])]
     follow(hits[:1], {"gridcast": ranked[0]}, ranked, path, positions, {"n3"}, texts, {})

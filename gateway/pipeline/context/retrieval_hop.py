@@ -65,7 +65,8 @@ _FUNCTION_WORDS_TEXT = (
 _FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 # Sentences and lines; a CJK full stop ends a sentence with no space after it.
 _QUESTION_MARKS = ("?", "\uff1f")
-# A Latin word of CJK text is a term, but "runbook" or "staging" said all over the chat links nothing.
+# A plain word is a term in CJK text (any Latin word) or as an acronym ("JSON"), but one said all over
+# the chat ("runbook", "staging" under every answer) links nothing.
 _WORD = re.compile(r"[a-z]+")
 _QUERY_KEY = re.compile(r"[?&][\w.-]+=$")
 _PIECES = re.compile(r"(?<=[.!?;])\s+|(?<=[\u3002\uff01\uff1f\uff1b])|\n+")
@@ -403,13 +404,13 @@ def follow(
         candidate.views.append(hit.view)
         dates.setdefault(hit.node_id, hit.created_at if hit.dated else None)
         if not said.beside and first in held:
-            _answer_after(hit.node_id, share, by_node, ranked, path, positions, recent)
+            _answer_after(hit, share, by_node, ranked, path, positions, recent)
     ranked.sort(key=lambda c: c.score, reverse=True)
     return len(confirmed)
 
 
 def _answer_after(
-    node_id: str,
+    find: IndexHit,
     share: float,
     by_node: dict[str, Candidate],
     ranked: list[Candidate],
@@ -419,8 +420,8 @@ def _answer_after(
 ) -> None:
     """A user's turn found by its lead that does not say what was asked ("gridcast inserts row by row,
     so slow" for how many rows it writes a batch) is answered by the assistant's turn after it: that
-    gains as much."""
-    at = positions[node_id]
+    gains as much, dated as the turn it answers (the same exchange) where no hit dated it."""
+    at = positions[find.node_id]
     if at + 1 >= len(path) or path[at].message.get("role") != "user":
         return
     reply = path[at + 1]
@@ -428,7 +429,8 @@ def _answer_after(
         return
     candidate = by_node.get(reply.node_id)
     if candidate is None:
-        candidate = by_node[reply.node_id] = Candidate(reply.node_id)
+        when = find.created_at if find.dated else None
+        candidate = by_node[reply.node_id] = Candidate(reply.node_id, created_at=when)
         ranked.append(candidate)
     candidate.score += share
 
