@@ -65,9 +65,6 @@ _FUNCTION_WORDS_TEXT = (
 _FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
 # Sentences and lines; a CJK full stop ends a sentence with no space after it.
 _QUESTION_MARKS = ("?", "\uff1f")
-# A plain word is a term in CJK text (any Latin word) or as an acronym ("JSON"), but one said all over
-# the chat ("runbook", "staging" under every answer) links nothing.
-_WORD = re.compile(r"[a-z]+")
 _QUERY_KEY = re.compile(r"[?&][\w.-]+=$")
 _PIECES = re.compile(r"(?<=[.!?;])\s+|(?<=[\u3002\uff01\uff1f\uff1b])|\n+")
 
@@ -231,7 +228,9 @@ def _rare_or_linked(
     word like "keep-alive"): no, unless an identifier said beside the question's own term (a service named
     everywhere is still a link) other than a URL parameter's value ("?after=eyJpZCI6IDQyfQ": a cursor or a
     size, repeated in every example)."""
-    if matched_terms and term not in its_names and not query_value(said, term) and not _WORD.fullmatch(term):
+    # A plain word is a term in CJK text (any Latin word) or as an acronym ("JSON"), but one said all
+    # over the chat ("runbook", "staging" under every answer) links nothing: it must be rare too.
+    if matched_terms and term not in its_names and not query_value(said, term) and not _PLAIN.fullmatch(term):
         return True
     return _count(term, texts) <= HOP_COMMON
 
