@@ -232,3 +232,17 @@ def test_a_turn_that_asks_about_a_term_does_not_state_it() -> None:
 )
 def test_a_question_about_how_things_stand_now_is_told_apart(question: str, current: bool) -> None:
     assert analyse(question, NOW).asks_current is current
+
+
+@pytest.mark.parametrize(
+    ("question", "when_done"),
+    [
+        ("When did we actually cut DNS for plan-api over?", True),
+        ("On which day did we finally backfill invoices back to 2021?", True),
+        ("最后是哪天把 invoices 回填到 2021 年的？", True),
+        ("When will we cut DNS over?", False),
+        ("What did Melanie paint last year?", False),
+    ],
+)
+def test_a_question_asking_when_something_was_done_is_told_apart(question: str, when_done: bool) -> None:
+    assert analyse(question, NOW).asks_when_done is when_done

@@ -1,12 +1,13 @@
-"""The newest decisions on a question's topic go first for a question about where something stands now
-(`retrieval_revision.py`), in English and in Chinese."""
+"""The newest decisions on a question's topic go first for a question about where something stands now,
+and the newest reports that something was done for a question asking when (`retrieval_revision.py`), in
+English and in Chinese."""
 
 from __future__ import annotations
 
 from gateway.pipeline.call import HistoryItem
 from gateway.pipeline.context.question import exact_terms, kebab_names, topic
 from gateway.pipeline.context.ranking import Candidate
-from gateway.pipeline.context.retrieval_revision import promote_decisions
+from gateway.pipeline.context.retrieval_revision import COMPLETION, promote_decisions, without_people
 
 
 def test_the_topic_is_the_question_without_its_names_and_its_asking() -> None:
@@ -126,3 +127,48 @@ def test_a_decision_said_in_any_form_of_its_idiom_is_one() -> None:
         "The landing page format is fine.",  # n3: not a decision
     ]
     assert sorted(promoted_for(question, texts, set())) == ["n0", "n1"]
+
+
+def reported_for(question: str, texts: list[str]) -> list[str]:
+    """The reports of something done promoted for `question` over a path of `texts`."""
+    terms = exact_terms(question)
+    words = without_people(topic(question, tuple(t for t in terms if not t.isalpha())), question)
+    return promote_decisions([], words, terms, path_of(texts), set(), lowered, COMPLETION)
+
+
+def test_a_loose_report_that_it_was_done_answers_when_it_was() -> None:
+    """The plan names the service; the report that it shipped names only the thing done, loosely. A plan,
+    a question, a postponement and another service's report are no answer."""
+    texts = [
+        "plan for next week: cut DNS for plan-api over to the new load balancer. Nadia can help",  # n0
+        "is the DNS cutover done?",  # n1: asked
+        "the DNS cutover isn't happening this week, staging is broken",  # n2: not done
+        "the DNS cutover: shipped. Nadia watched the graphs with me, nothing weird",  # n3
+        "we just did it: cut DNS for sync-api over to the new load balancer. took 20 min",  # n4: another's
+        "the arm64 move: shipped, zero errors",  # n5: another topic
+        "we just did it: bump plan-api to Go 1.21. took 20 min",  # n6: another thing done to plan-api
+    ]
+    assert reported_for(
+        "When did we actually cut DNS for plan-api over to the new load balancer?", texts
+    ) == ["n3"]
+
+
+def test_a_chinese_report_that_it_was_done_is_found_by_its_words() -> None:
+    texts = [
+        "周四能不能把 sync-api 的 DNS 切到新负载均衡？",  # n0: asked
+        "DNS 切换还没做完，压测没过",  # n1: not yet
+        "DNS 切换：已完成。Bogdan和我一起盯了监控，没啥异常",  # n2
+    ]
+    assert reported_for("我们实际是哪天把 sync-api 的 DNS 切到新负载均衡的？", texts) == ["n2"]
+
+
+def test_the_people_a_when_question_names_share_nothing_with_what_they_did() -> None:
+    """Every turn of Caroline's says her name; what she did is the topic ("LGBTQ" is an acronym, kept)."""
+    question = "When did Caroline go to the LGBTQ support group?"
+    words = without_people(topic(question, ()), question)
+    assert "caro" not in words and {"lgbt", "supp", "grou"} <= words
+    texts = [
+        "Caroline: I'm done with the painting, finally!",
+        "Caroline: the LGBTQ group meetup happened today",
+    ]
+    assert reported_for(question, texts) == ["n1"]

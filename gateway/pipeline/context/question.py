@@ -175,6 +175,14 @@ _CURRENT = re.compile(
 )
 
 
+# Asks on which day something was done ("when did we actually cut DNS over?", "最后是哪天回填的"): the
+# answer is the later report that it was, often in words of its own ("the DNS cutover: shipped").
+_WHEN_DONE = re.compile(
+    r"\bwhen (?:did|was|were)\b|\b(?:which|what) (?:day|date)\b|哪天|哪一天|什么时候|什麼時候|何时|何時|几号|幾號|"
+    r"언제"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class QuestionFacts:
     about_past: bool
@@ -182,6 +190,7 @@ class QuestionFacts:
     terms: tuple[str, ...]  # exact terms to look for verbatim (lower-cased)
     asks_why: bool = False  # asks for a reason ("why", "what was the reason", "为什么", "왜")
     asks_current: bool = False  # asks where something stands now ("current", "end up with", "目前")
+    asks_when_done: bool = False  # asks on which day something was done ("when did we ...", "哪天")
     acronyms: tuple[str, ...] = ()  # what its phrases would be written as in capitals ("dlq")
     # Said in the past tense or of what was said ("did", "was", "we decided", "记得"), not only beside the
     # past ("check before deploying", "try again"): such a question recalls however old messages score.
@@ -201,6 +210,7 @@ def analyse(question: str, now: datetime) -> QuestionFacts:
         terms=exact_terms(question),
         asks_why=_WHY.search(lowered) is not None,
         asks_current=_CURRENT.search(lowered) is not None,
+        asks_when_done=_WHEN_DONE.search(lowered) is not None,
         acronyms=acronyms(question),
         in_past_tense=tense,
     )
@@ -398,11 +408,11 @@ _CJK_WORDS = re.compile(f"[{CJK}]+")
 _ASKING_WORDS = (
     "what which who whom how when where why did does do is are was were the for with and our we you current "
     "currently now latest final finally end ended settled settle landed moment these days still use used "
-    "using have has had there that this right today going"
+    "using have has had there that this right today going actually"
 )
 _ASKING = frozenset(_ASKING_WORDS.split())
 _ASKING_CJK = frozenset("的是什么现在目前当前最后终定了哪个呢吗在用还")
-_STEM = 4  # "retry" and "retries", "log" and "logs": words are compared by their first four letters
+STEM = 4  # "retry" and "retries", "log" and "logs": words are compared by their first four letters
 
 
 def topic(question: str, names: tuple[str, ...]) -> frozenset[str]:
@@ -411,7 +421,7 @@ def topic(question: str, names: tuple[str, ...]) -> frozenset[str]:
     lowered = question.lower()
     for name in names:
         lowered = lowered.replace(name, " ")
-    words = {w[:_STEM] for w in _WORD.findall(lowered) if w not in _ASKING}
+    words = {w[:STEM] for w in _WORD.findall(lowered) if w not in _ASKING}
     for run in _CJK_WORDS.findall(lowered):
         words |= {run[i : i + 2] for i in range(len(run) - 1) if not _ASKING_CJK & set(run[i : i + 2])}
     return frozenset(words)
@@ -421,7 +431,7 @@ def shared_words(text: str, words: frozenset[str]) -> int:
     """How many of the topic `words` (from `topic`) the lower-cased `text` holds."""
     found = _WORD.findall(text)
     # A three-letter word ("log", "fix") is found by the first three letters of a longer one.
-    stems = {w[:_STEM] for w in found} | {w[:3] for w in found}
+    stems = {w[:STEM] for w in found} | {w[:3] for w in found}
     return sum(w in stems or (len(w) == 2 and w in text) for w in words)
 
 

@@ -1,7 +1,7 @@
 """What planning found (`Found`) and how its fused candidates are ranked on this request's path (`rank`):
 on the path and outside the window, smoothed over neighbours, weighted by exact terms and recency, the
 turns of a participant the question names up, the newest decisions first for a question about where
-things stand, then the second hop."""
+things stand (reports that it was done, for one asking when), then the second hop."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from gateway.pipeline.context.ranking import (
     term_weights,
 )
 from gateway.pipeline.context.retrieval_hop import KeywordSearch, second_hop
-from gateway.pipeline.context.retrieval_revision import promote_decisions
+from gateway.pipeline.context.retrieval_revision import COMPLETION, promote_decisions, without_people
 from gateway.pipeline.context.retrieval_unindexed import InHand
 from gateway.ports import JSON, JSONObject
 from gateway.records import IndexBacklog, SearchQuery, SearchResult
@@ -101,6 +101,15 @@ async def rank(
         texts |= {node_id: lowered(path[positions[node_id]]) for node_id in promoted}
         if promoted:
             found.detail["decisions"] = list[JSON](promoted)
+    if found.facts.asks_when_done:  # the newest reports that it was done, above any decision
+        # Its words of letters only stay: a report names what was done by them, not by the service ("DNS
+        # 切换 已完成" for "哪天把 sync-api 的 DNS 切到...", not "bump sync-api to Go 1.21: done").
+        names = tuple(t for t in found.facts.terms if not t.isalpha())
+        words = without_people(topic(query.text, names), query.text)
+        reported = promote_decisions(on_path, words, found.facts.terms, path, recent, lowered, COMPLETION)
+        texts |= {node_id: lowered(path[positions[node_id]]) for node_id in reported}
+        if reported:
+            found.detail["completions"] = list[JSON](reported)
     hopped = time.perf_counter()
     searcher = found.in_hand or index  # the history in hand while the index lacks it
     hop, confirmed = await second_hop(
