@@ -12,11 +12,13 @@ import pytest
 from gateway.adapters.keyword_rank import ViewRanker
 from gateway.pipeline.call import HistoryItem
 from gateway.pipeline.context.answer_kinds import asked_kinds, holds_kind
-from gateway.pipeline.context.question import topic
+from gateway.pipeline.context.question import exact_terms, topic
 from gateway.pipeline.context.ranking import (
+    FOREIGN_SEMANTIC_WEIGHT,
     RARE_TERM,
     RRF_K,
     SPEAKER_WEIGHT,
+    TERMLESS_SEMANTIC_WEIGHT,
     Candidate,
     acronyms_held,
     boost,
@@ -24,6 +26,7 @@ from gateway.pipeline.context.ranking import (
     for_meaning,
     fuse,
     participants,
+    semantic_weight,
     term_weights,
 )
 from gateway.pipeline.context.retrieval import POOL_GROWTH, POOL_ROOM, pool_size
@@ -199,6 +202,19 @@ def test_by_keyword_a_message_counts_once_at_its_best_view_by_meaning_every_view
     assert scores["n0"] == pytest.approx(1 / RRF_K)
     assert scores["n1"] == pytest.approx(1 / (RRF_K + 1))
     assert scores["n2"] == pytest.approx(1 / (RRF_K + 2) + 1 / RRF_K + 1 / (RRF_K + 1))
+
+
+def test_meaning_weighs_more_where_the_question_names_no_exact_term_and_less_on_foreign_text() -> None:
+    def weight(question: str, english_only: bool = True) -> float:
+        return semantic_weight(question, exact_terms(question), english_only)
+
+    assert weight("What worried us about moving session handling to the edge?") == TERMLESS_SEMANTIC_WEIGHT
+    assert weight("Which port does ledger-api listen on?") == 1.0
+    assert weight("边缘会话存储让我们担心什么？") == FOREIGN_SEMANTIC_WEIGHT
+    assert weight("边缘会话存储让我们担心什么？", english_only=False) == TERMLESS_SEMANTIC_WEIGHT
+    # The weight scales the ranking by meaning: alone in each ranking at the top, meaning wins.
+    hits = SearchResult([IndexHit("m", "c", "m", 0, DAY, 0.9)], [IndexHit("k", "c", "m", 0, DAY, 1.0)])
+    assert [c.node_id for c in fuse(hits, TERMLESS_SEMANTIC_WEIGHT)] == ["m", "k"]
 
 
 def test_more_room_searches_deeper_up_to_a_bound() -> None:

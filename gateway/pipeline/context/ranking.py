@@ -37,6 +37,14 @@ READ_FOR_SPEAKERS = 32
 _LABEL = re.compile(r"([^\W\d_][\w'.-]{1,40}(?: [^\W\d_][\w'.-]{0,40})?) ?[:\uff1a] ?")
 
 
+# An English-only model's share of the ranking on a question mostly in CJK (benchmarks/workchat.py).
+FOREIGN_SEMANTIC_WEIGHT = 0.25
+# The ranking by meaning's share where the question names no exact term ("what worried us about moving
+# session handling to the edge?"): its words match by keyword wherever they are said. 2 on LoCoMo dev
+# 92.5 -> 93.0 and blind-en 90.8 -> 91.3; 3 and 5 gave LoCoMo 92.6 and 91.5 (BENCHMARKS.md, session 42).
+TERMLESS_SEMANTIC_WEIGHT = 2.0
+
+
 @dataclass(slots=True)
 class Candidate:
     node_id: str
@@ -65,6 +73,13 @@ def fuse(result: SearchResult, semantic_weight: float = 1.0) -> list[Candidate]:
     add(result.semantic, semantic_weight)
     add(best_views(result.keyword))
     return sorted(by_node.values(), key=lambda c: c.score, reverse=True)
+
+
+def semantic_weight(question: str, terms: tuple[str, ...], english_only: bool) -> float:
+    """The weight of the ranking by meaning in `fuse` for `question` with its exact `terms`."""
+    if english_only and mostly_cjk(question):
+        return FOREIGN_SEMANTIC_WEIGHT
+    return 1.0 if terms else TERMLESS_SEMANTIC_WEIGHT
 
 
 def best_views(hits: list[IndexHit]) -> list[IndexHit]:

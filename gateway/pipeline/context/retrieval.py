@@ -32,7 +32,14 @@ from gateway.config import RetrievalConfig
 from gateway.errors import StoreError
 from gateway.pipeline.call import HistoryItem, QuestionVector
 from gateway.pipeline.context.question import QuestionFacts, analyse, contains_term, inner_names
-from gateway.pipeline.context.ranking import READ_FOR_SPEAKERS, RRF_K, Candidate, for_meaning, fuse
+from gateway.pipeline.context.ranking import (
+    READ_FOR_SPEAKERS,
+    RRF_K,
+    Candidate,
+    for_meaning,
+    fuse,
+    semantic_weight,
+)
 from gateway.pipeline.context.retrieval_compose import HEADER, OTHER_HEADER, compose
 from gateway.pipeline.context.retrieval_groups import Group, groups_of, other_group
 from gateway.pipeline.context.retrieval_memo import MessageMemo
@@ -48,7 +55,7 @@ from gateway.pipeline.context.retrieval_window import OLD_COMPARED, old_outranks
 from gateway.pipeline.context.section import BuildInput, Proposal
 from gateway.ports import Embedder, JobQueue, MessageStore, Similarity, VectorIndex
 from gateway.records import IndexBacklog, SearchQuery, SearchResult
-from gateway.text import message_text, mostly_cjk
+from gateway.text import message_text
 
 # contains_term and _Group: benchmarks/locomo_ranking.py and tests/test_tokenizer.py use them from here.
 __all__ = ["RetrievalSection", "_Group", "contains_term"]
@@ -63,8 +70,6 @@ _ASKS = re.compile(
     r"would|should|will)\b|什么|怎么|为什么|为何|哪|谁|多少|吗\W*$",
     re.I,
 )
-# An English-only model's share of the ranking on a question mostly in CJK (benchmarks/workchat.py).
-FOREIGN_SEMANTIC_WEIGHT = 0.25
 OTHER_MAX = 3  # groups from other conversations: each costs a store read
 # The configured candidates fill the room of a 4,000-token budget; more room searches deeper, up to
 # POOL_GROWTH times as many (240 at 8,000: recall up on every set there, mixed at 4,000; BENCHMARKS.md).
@@ -234,7 +239,8 @@ class RetrievalSection:
             rankers = (self.rank_views, self.meaning)
             result = await with_history_in_hand(found, query, result, path, where, rankers, self.clock())
         searched = time.perf_counter()
-        candidates = fuse(result, self._semantic_weight(question))
+        weight = semantic_weight(question, facts.terms, self.similarity.english_only)
+        candidates = fuse(result, weight)
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
             path, positions, first_depth = await self._whole_path(
                 build.call.tenant, state.leaf_id, path, positions, first_depth
@@ -407,11 +413,6 @@ class RetrievalSection:
                 room -= group.tokens
                 out.append(group)
         return out
-
-    def _semantic_weight(self, question: str) -> float:
-        if self.similarity.english_only and mostly_cjk(question):
-            return FOREIGN_SEMANTIC_WEIGHT
-        return 1.0
 
     def _groups(
         self,
