@@ -205,11 +205,13 @@ def test_by_keyword_a_message_counts_once_at_its_best_view_by_meaning_every_view
 
 
 def test_meaning_weighs_more_where_the_question_names_no_exact_term_and_less_on_foreign_text() -> None:
-    def weight(question: str, english_only: bool = True) -> float:
-        return semantic_weight(question, exact_terms(question), english_only)
+    def weight(question: str, english_only: bool = True, embedded: bool = True) -> float:
+        return semantic_weight(question, exact_terms(question), english_only, embedded)
 
     assert weight("What worried us about moving session handling to the edge?") == TERMLESS_SEMANTIC_WEIGHT
     assert weight("Which port does ledger-api listen on?") == 1.0
+    # A history still waiting for its vectors is ranked by meaning only in part: no more weight there.
+    assert weight("What worried us about moving session handling to the edge?", embedded=False) == 1.0
     assert weight("边缘会话存储让我们担心什么？") == FOREIGN_SEMANTIC_WEIGHT
     assert weight("边缘会话存储让我们担心什么？", english_only=False) == TERMLESS_SEMANTIC_WEIGHT
     # The weight scales the ranking by meaning: alone in each ranking at the top, meaning wins.

@@ -239,7 +239,7 @@ class RetrievalSection:
             rankers = (self.rank_views, self.meaning)
             result = await with_history_in_hand(found, query, result, path, where, rankers, self.clock())
         searched = time.perf_counter()
-        weight = semantic_weight(question, facts.terms, self.similarity.english_only)
+        weight = semantic_weight(question, facts.terms, self.similarity.english_only, not found.unembedded)
         candidates = fuse(result, weight)
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
             path, positions, first_depth = await self._whole_path(
