@@ -7,7 +7,7 @@ from __future__ import annotations
 from gateway.pipeline.call import HistoryItem
 from gateway.pipeline.context.question import exact_terms, kebab_names, topic
 from gateway.pipeline.context.ranking import Candidate
-from gateway.pipeline.context.retrieval_revision import COMPLETION, promote_decisions, without_people
+from gateway.pipeline.context.retrieval_revision import COMPLETION, promote_statements, without_people
 
 
 def test_the_topic_is_the_question_without_its_names_and_its_asking() -> None:
@@ -29,7 +29,7 @@ def lowered(item: HistoryItem) -> str:
 def promoted_for(question: str, texts: list[str], recent: set[str | None]) -> list[str]:
     """The decisions promoted for `question` over a path of `texts`, nothing ranked before."""
     terms = exact_terms(question)
-    return promote_decisions([], topic(question, terms), terms, path_of(texts), recent, lowered)
+    return promote_statements([], topic(question, terms), terms, path_of(texts), recent, lowered)
 
 
 def test_the_newest_decisions_on_the_topic_go_first_even_when_no_search_found_them() -> None:
@@ -46,7 +46,7 @@ def test_the_newest_decisions_on_the_topic_go_first_even_when_no_search_found_th
     ranked = [Candidate("n0", 0.9), Candidate("n1", 0.5), Candidate("n4", 0.1)]
     question = "What is the current deploy strategy for webhook-relay?"
     words = topic(question, exact_terms(question))
-    promoted = promote_decisions(ranked, words, exact_terms(question), path, {"n5"}, lowered)
+    promoted = promote_statements(ranked, words, exact_terms(question), path, {"n5"}, lowered)
     # The decision naming the service, then the newest on the topic; n5 is in the window already.
     assert promoted == ["n1", "n3"]
     assert [c.node_id for c in ranked] == ["n1", "n3", "n0", "n4"]
@@ -63,7 +63,7 @@ def test_chinese_decisions_are_found_by_the_questions_bigrams() -> None:
     ranked: list[Candidate] = []
     question = "/v1/documents/:id 的分页方式最后定的是什么？"
     terms = exact_terms(question)
-    promoted = promote_decisions(ranked, topic(question, terms), terms, path, set(), lowered)
+    promoted = promote_statements(ranked, topic(question, terms), terms, path, set(), lowered)
     assert promoted == ["n1"]  # the deletion decision shares no topic word
     assert [c.node_id for c in ranked] == ["n1"]
 
@@ -83,8 +83,8 @@ def test_a_loose_decision_is_tied_to_the_service_by_the_person_who_revised_it() 
 def test_nothing_moves_without_a_topic_or_a_decision() -> None:
     path = path_of(["We talked about the deploy strategy at length.", "Deploys are slow on Fridays."])
     ranked = [Candidate("n1", 0.4)]
-    assert promote_decisions(ranked, frozenset({"depl"}), (), path, set(), lowered) == []
-    assert promote_decisions(ranked, frozenset(), (), path, set(), lowered) == []
+    assert promote_statements(ranked, frozenset({"depl"}), (), path, set(), lowered) == []
+    assert promote_statements(ranked, frozenset(), (), path, set(), lowered) == []
     assert [(c.node_id, c.score) for c in ranked] == [("n1", 0.4)]
 
 
@@ -133,7 +133,7 @@ def reported_for(question: str, texts: list[str]) -> list[str]:
     """The reports of something done promoted for `question` over a path of `texts`."""
     terms = exact_terms(question)
     words = without_people(topic(question, tuple(t for t in terms if not t.isalpha())), question)
-    return promote_decisions([], words, terms, path_of(texts), set(), lowered, COMPLETION)
+    return promote_statements([], words, terms, path_of(texts), set(), lowered, COMPLETION)
 
 
 def test_a_loose_report_that_it_was_done_answers_when_it_was() -> None:

@@ -53,9 +53,10 @@ from gateway.pipeline.context.retrieval_hop import (
     word_pairs,
 )
 from gateway.pipeline.context.retrieval_search import blended
+from gateway.pipeline.context.retrieval_unindexed import MAX_MESSAGES, unembedded, waiting_for_vectors
 from gateway.pipeline.context.retrieval_window import OLD_COMPARED, old_outranks_window
 from gateway.pipeline.context.tail_lines import lines_of
-from gateway.records import IndexHit, SearchQuery, SearchResult
+from gateway.records import IndexBacklog, IndexHit, SearchQuery, SearchResult
 
 DAY = datetime(2024, 5, 8, 13, 56, tzinfo=UTC)
 
@@ -214,6 +215,10 @@ def test_meaning_weighs_more_where_the_question_names_no_exact_term_and_less_on_
     assert weight("What worried us about moving session handling to the edge?", embedded=False) == 1.0
     assert weight("边缘会话存储让我们担心什么？") == FOREIGN_SEMANTIC_WEIGHT
     assert weight("边缘会话存储让我们担心什么？", english_only=False) == TERMLESS_SEMANTIC_WEIGHT
+    # Past MAX_MESSAGES the history is not ranked in hand, but it still waits for its vectors.
+    waiting = IndexBacklog(unsearchable=0, unembedded=MAX_MESSAGES + 1)
+    assert waiting_for_vectors(waiting, 0) and not unembedded(waiting, 0, MAX_MESSAGES + 1)
+    assert not waiting_for_vectors(IndexBacklog(unsearchable=0, unembedded=2), 1)  # a live chat's newest
     # The weight scales the ranking by meaning: alone in each ranking at the top, meaning wins.
     hits = SearchResult([IndexHit("m", "c", "m", 0, DAY, 0.9)], [IndexHit("k", "c", "m", 0, DAY, 1.0)])
     assert [c.node_id for c in fuse(hits, TERMLESS_SEMANTIC_WEIGHT)] == ["m", "k"]

@@ -49,6 +49,7 @@ from gateway.pipeline.context.retrieval_unindexed import (
     RankMeaning,
     RankViews,
     unembedded,
+    waiting_for_vectors,
     with_history_in_hand,
 )
 from gateway.pipeline.context.retrieval_window import OLD_COMPARED, old_outranks_window
@@ -239,7 +240,8 @@ class RetrievalSection:
             rankers = (self.rank_views, self.meaning)
             result = await with_history_in_hand(found, query, result, path, where, rankers, self.clock())
         searched = time.perf_counter()
-        weight = semantic_weight(question, facts.terms, self.similarity.english_only, not found.unembedded)
+        embedded = not waiting_for_vectors(found.backlog, state.appended)  # at any length, unlike unembedded
+        weight = semantic_weight(question, facts.terms, self.similarity.english_only, embedded)
         candidates = fuse(result, weight)
         if any(c.node_id not in positions for c in candidates) and first_depth > 0:
             path, positions, first_depth = await self._whole_path(

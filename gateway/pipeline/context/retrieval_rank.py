@@ -22,7 +22,7 @@ from gateway.pipeline.context.ranking import (
     term_weights,
 )
 from gateway.pipeline.context.retrieval_hop import KeywordSearch, second_hop
-from gateway.pipeline.context.retrieval_revision import COMPLETION, promote_decisions, without_people
+from gateway.pipeline.context.retrieval_revision import COMPLETION, promote_statements, without_people
 from gateway.pipeline.context.retrieval_unindexed import InHand
 from gateway.ports import JSON, JSONObject
 from gateway.records import IndexBacklog, SearchQuery, SearchResult
@@ -97,7 +97,7 @@ async def rank(
         found.detail["speaker"] = speaker
     if found.facts.asks_current:  # the newest decisions on its topic first (retrieval_revision.py)
         words = topic(query.text, found.facts.terms)
-        promoted = promote_decisions(on_path, words, found.facts.terms, path, recent, lowered)
+        promoted = promote_statements(on_path, words, found.facts.terms, path, recent, lowered)
         texts |= {node_id: lowered(path[positions[node_id]]) for node_id in promoted}
         if promoted:
             found.detail["decisions"] = list[JSON](promoted)
@@ -106,7 +106,7 @@ async def rank(
         # 切换 已完成" for "哪天把 sync-api 的 DNS 切到...", not "bump sync-api to Go 1.21: done").
         names = tuple(t for t in found.facts.terms if not t.isalpha())
         words = without_people(topic(query.text, names), query.text)
-        reported = promote_decisions(on_path, words, found.facts.terms, path, recent, lowered, COMPLETION)
+        reported = promote_statements(on_path, words, found.facts.terms, path, recent, lowered, COMPLETION)
         texts |= {node_id: lowered(path[positions[node_id]]) for node_id in reported}
         if reported:
             found.detail["completions"] = list[JSON](reported)

@@ -77,7 +77,7 @@ DECISION = Statement(_DECISION)
 COMPLETION = Statement(_DONE, _NOT_YET, others=False)
 
 
-def promote_decisions(
+def promote_statements(
     ranked: list[Candidate],
     words: frozenset[str],
     names: tuple[str, ...],

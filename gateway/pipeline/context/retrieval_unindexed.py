@@ -64,11 +64,17 @@ def by_static_meaning(question: str, terms: Sequence[str]) -> bool:
     return mostly_cjk(question) or not names_exact_terms(terms)
 
 
+def waiting_for_vectors(backlog: IndexBacklog | None, appended: int) -> bool:
+    """Whether more of the conversation waits for its vectors than the newest turns of a live chat do (the
+    model embeds ~60 messages a second on one core: a long history waits tens of seconds)."""
+    waiting = backlog.unembedded if backlog is not None else 0
+    return waiting + appended > UNSEARCHABLE_SLACK
+
+
 def unembedded(backlog: IndexBacklog | None, appended: int, path_length: int) -> bool:
     """Whether enough of this path waits for its vectors that the history in hand is ranked by meaning
-    too (the model embeds ~60 messages a second on one core: a long history waits tens of seconds)."""
-    waiting = backlog.unembedded if backlog is not None else 0
-    return path_length <= MAX_MESSAGES and waiting + appended > UNSEARCHABLE_SLACK
+    too (not past MAX_MESSAGES: that costs a request too much)."""
+    return path_length <= MAX_MESSAGES and waiting_for_vectors(backlog, appended)
 
 
 @dataclass(frozen=True, slots=True)
